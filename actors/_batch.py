@@ -1,0 +1,106 @@
+"""Checking a strategy's plan and laying it out in the batch arrays.
+
+Both run in the engine thread between the strategy and ``llama_decode``. The checks
+are what stands between a buggy strategy and a process abort inside llama.cpp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from actors._errors import StrategyError
+from actors._slots import Slot
+from strategies import BatchPlan, SlotState, SlotView
+
+__all__ = ["BatchArrays", "Segment", "check_plan", "lay_out"]
+
+
+@dataclass(slots=True)
+class BatchArrays:
+    """The batch's columns, as numpy arrays shared with llama.cpp."""
+
+    tokens: npt.NDArray[np.int32]
+    pos: npt.NDArray[np.int32]
+    seq_ids: npt.NDArray[np.int32]
+    logits: npt.NDArray[np.int8]
+
+
+@dataclass(slots=True)
+class Segment:
+    """The rows ``[start, end)`` one slot fills; ``logits_row`` is -1 when none asks for logits."""
+
+    slot: Slot
+    start: int
+    end: int
+    logits_row: int
+    decode: bool
+
+
+def check_plan(
+    plan: object, views: Mapping[int, SlotView], budget: int, chunk_size: int
+) -> BatchPlan:
+    """Return ``plan`` if the engine may run it, else raise ``StrategyError`` saying why."""
+    if not isinstance(plan, BatchPlan):
+        raise StrategyError(f"build_batch must return a BatchPlan, got {type(plan).__name__}")
+    seen: set[int] = set()
+    total = 0
+    for entry in plan.slots:
+        view = views.get(entry.seq_id)
+        if view is None:
+            raise StrategyError(f"plan names seq_id {entry.seq_id}, which is not a busy slot")
+        if entry.seq_id in seen:
+            raise StrategyError(f"plan names seq_id {entry.seq_id} twice")
+        seen.add(entry.seq_id)
+        if entry.decode and not view.has_pending_token:
+            raise StrategyError(f"plan decodes seq_id {entry.seq_id}, which has no pending token")
+        n = entry.prefill_tokens
+        if not isinstance(n, int) or n < 0 or n > min(chunk_size, view.prefill_remaining):
+            raise StrategyError(
+                f"plan prefills {n!r} tokens for seq_id {entry.seq_id}; "
+                f"allowed 0..{min(chunk_size, view.prefill_remaining)}"
+            )
+        total += n + (1 if entry.decode else 0)
+    if total > budget:
+        raise StrategyError(f"plan holds {total} tokens, over the budget of {budget}")
+    if total == 0 and views:
+        # An empty plan with work waiting would spin the engine forever.
+        raise StrategyError("plan schedules no token although slots have work")
+    return plan
+
+
+def lay_out(plan: BatchPlan, slots: Mapping[int, Slot], arrays: BatchArrays) -> list[Segment]:
+    """Write a checked plan into the batch arrays; returns one segment per slot.
+
+    A decode row holds the slot's pending token and asks for logits; a prefill chunk
+    asks for logits on its last row only when it completes the prompt.
+    """
+    segments: list[Segment] = []
+    row = 0
+    for entry in plan.slots:
+        slot = slots[entry.seq_id]
+        n_past = len(slot.cached)
+        if entry.decode:
+            arrays.tokens[row] = slot.pending
+            arrays.pos[row] = n_past
+            arrays.seq_ids[row] = slot.seq_id
+            arrays.logits[row] = 1
+            segments.append(Segment(slot, row, row + 1, row, True))
+            row += 1
+        elif entry.prefill_tokens:
+            assert slot.request is not None and slot.state is SlotState.PREFILLING
+            n = entry.prefill_tokens
+            end = row + n
+            arrays.tokens[row:end] = slot.request.prompt[n_past : n_past + n]
+            arrays.pos[row:end] = np.arange(n_past, n_past + n, dtype=np.int32)
+            arrays.seq_ids[row:end] = slot.seq_id
+            arrays.logits[row:end] = 0
+            completes = n_past + n == len(slot.request.prompt)
+            if completes:
+                arrays.logits[end - 1] = 1
+            segments.append(Segment(slot, row, end, end - 1 if completes else -1, False))
+            row = end
+    return segments

@@ -1,0 +1,452 @@
+"""The continuous-batching engine: admission, the tick, finishing requests.
+
+An :class:`Engine` is a plain object owned by one thread, the ServerActor's; it never
+sends itself messages (the actor schedules ticks). One tick, :meth:`Engine.step`, runs
+the phases of LlamaCppEx's server: dequeue waiting requests into free slots, let the
+strategy plan the batch, check and lay out the plan, one forward pass, sample, finish,
+emit ``tick``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+
+import telemetry
+from actors._batch import BatchArrays, Segment, check_plan, lay_out
+from actors._errors import DecodeError, EngineError, InvalidRequest, QueueFull, StrategyError
+from actors._llama import LlamaBackend
+from actors._messages import (
+    Completion,
+    Done,
+    Failed,
+    Generate,
+    GenerateTokens,
+    ReplyTo,
+    RequestMessage,
+    SamplingParams,
+    StopReason,
+    Token,
+)
+from actors._slots import Request, Slot, choose_slot
+from strategies import BatchPlan, BatchStrategy, SlotState
+
+__all__ = ["Engine", "EngineConfig"]
+
+_log = logging.getLogger("llama_cpp_actors.engine")
+
+_DECODE_OK = 0
+_DECODE_NO_KV_SPACE = 1
+
+
+def _contiguous_runs(segments: list[Segment]) -> list[list[Segment]]:
+    runs = [[segments[0]]]
+    for segment in segments[1:]:
+        if segment.start == runs[-1][-1].end:
+            runs[-1].append(segment)
+        else:
+            runs.append([segment])
+    return runs
+
+
+class EngineConfig:
+    """The scheduling options of an engine (checked by ``ServerActor``)."""
+
+    __slots__ = ("batch_strategy", "cache_prompt", "chunk_size", "defaults", "max_queue")
+
+    def __init__(
+        self,
+        *,
+        chunk_size: int,
+        max_queue: int,
+        cache_prompt: bool,
+        batch_strategy: BatchStrategy,
+        defaults: SamplingParams,
+    ) -> None:
+        self.chunk_size = chunk_size
+        self.max_queue = max_queue
+        self.cache_prompt = cache_prompt
+        self.batch_strategy = batch_strategy
+        self.defaults = defaults
+
+
+class Engine:
+    """Slots, the wait queue and the tick (engine thread only).
+
+    Args:
+        backend: the loaded model and context.
+        config: scheduling options.
+        sender: what telemetry names as the sender (the actor's ref).
+    """
+
+    def __init__(self, backend: LlamaBackend, config: EngineConfig, sender: Any) -> None:
+        self.backend = backend
+        self.config = config
+        self.sender = sender
+        self.slots = [Slot(seq_id) for seq_id in range(backend.n_seq_max)]
+        self.waiting: deque[Request] = deque()
+        self.requests: dict[str, Request] = {}
+        self._arrivals = 0
+        self._arrays = BatchArrays(backend.tokens, backend.pos, backend.seq_ids, backend.logits)
+
+    # -- admission -----------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        """True while a slot is busy or a request waits."""
+        return bool(self.waiting) or any(slot.state is not SlotState.IDLE for slot in self.slots)
+
+    def admit(
+        self,
+        message: RequestMessage,
+        future: pykka.ThreadingFuture[object] | None = None,
+        reply_to: ReplyTo | None = None,
+    ) -> None:
+        """Check a request against the model and place it in a slot or the queue.
+
+        Raises:
+            InvalidRequest: it can never run here (nothing is queued).
+            QueueFull: every slot is busy and ``max_queue`` requests wait.
+        """
+        backend = self.backend
+        if message.request_id in self.requests:
+            raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
+        if isinstance(message, Generate | GenerateTokens) == (reply_to is not None):
+            raise InvalidRequest("internal: reply path does not match the message")
+        if hasattr(message, "prompt"):
+            prompt = backend.tokenize(message.prompt)
+            if not prompt:
+                raise InvalidRequest("prompt tokenizes to nothing")
+        else:
+            prompt = list(message.tokens)
+            bad = [t for t in prompt if t >= backend.n_vocab]
+            if bad:
+                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (n_vocab={backend.n_vocab})")
+        if len(prompt) + 1 > backend.n_ctx:
+            raise InvalidRequest(
+                f"prompt of {len(prompt)} tokens cannot fit the context (n_ctx={backend.n_ctx})"
+            )
+        bias = dict(message.logit_bias) if message.logit_bias else None
+        if bias and max(bias) >= backend.n_vocab:
+            raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
+        free = [slot for slot in self.slots if slot.state is SlotState.IDLE]
+        if not free and len(self.waiting) >= self.config.max_queue:
+            raise QueueFull(
+                f"all {len(self.slots)} slots busy and {len(self.waiting)} requests waiting"
+            )
+        params = self.config.defaults.merged(message)
+        sampler = backend.make_sampler(params, bias, prompt)
+        self._arrivals += 1
+        request = Request(message, prompt, params, self._arrivals, sampler, future, reply_to)
+        self.requests[request.request_id] = request
+        if free and not self.waiting:
+            self._start(request, free)
+        else:
+            self.waiting.append(request)
+
+    def _start(self, request: Request, idle: list[Slot]) -> None:
+        """Give ``request`` an idle slot, reusing the longest cached prefix."""
+        slot, n_reuse = choose_slot(idle, request.prompt, self.config.cache_prompt)
+        if n_reuse < len(slot.cached):
+            if n_reuse == 0 or not self.backend.seq_trim(slot.seq_id, n_reuse):
+                self.backend.seq_clear(slot.seq_id)
+                n_reuse = 0
+            del slot.cached[n_reuse:]
+        slot.request = request
+        slot.state = SlotState.PREFILLING
+        request.seq_id = slot.seq_id
+        request.prefix_cache_tokens = n_reuse
+        request.t_started = time.monotonic()
+        if telemetry.request_start.receivers:
+            telemetry.emit(
+                telemetry.request_start,
+                self.sender,
+                {"prompt_tokens": len(request.prompt), "prefix_cache_tokens": n_reuse},
+                {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
+            )
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a queued or running request; an unknown id is ignored."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        if request.seq_id < 0:
+            self.waiting.remove(request)
+            self._deliver_completion(request, "cancelled")
+        else:
+            self._finish(self.slots[request.seq_id], "cancelled")
+
+    # -- the tick ------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One tick: dequeue, plan, one forward pass, sample and finish."""
+        self._dequeue()
+        busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
+        if not busy:
+            return
+        plan = self._plan(busy)
+        if plan is None:
+            return
+        segments = lay_out(plan, busy, self._arrays)
+        n_tokens = segments[-1].end if segments else 0
+        t0 = time.perf_counter()
+        self._forward(segments, purge_allowed=True)
+        eval_ms = (time.perf_counter() - t0) * 1000.0
+        if telemetry.tick.receivers:
+            n_decode = sum(1 for s in segments if s.decode)
+            telemetry.emit(
+                telemetry.tick,
+                self.sender,
+                {
+                    "batch_size": n_tokens,
+                    "decode_tokens": n_decode,
+                    "prefill_tokens": n_tokens - n_decode,
+                    "active_slots": sum(1 for s in self.slots if s.state is not SlotState.IDLE),
+                    "queue_depth": len(self.waiting),
+                    "eval_ms": eval_ms,
+                },
+                {},
+            )
+
+    def _dequeue(self) -> None:
+        while self.waiting:
+            idle = [slot for slot in self.slots if slot.state is SlotState.IDLE]
+            if not idle:
+                return
+            self._start(self.waiting.popleft(), idle)
+
+    def _plan(self, busy: dict[int, Slot]) -> BatchPlan | None:
+        views = {seq_id: slot.view() for seq_id, slot in busy.items()}
+        try:
+            plan = self.config.batch_strategy.build_batch(
+                list(views.values()),
+                self.backend.n_batch,
+                self.config.chunk_size,
+                queue_depth=len(self.waiting),
+            )
+            return check_plan(plan, views, self.backend.n_batch, self.config.chunk_size)
+        except Exception as e:
+            error = e if isinstance(e, StrategyError) else StrategyError(f"{self.config.batch_strategy!r} raised {e!r}")
+            _log.error("batch strategy failed; failing %d active requests: %s", len(busy), error)
+            for slot in busy.values():
+                self._fail(slot, error)
+            return None
+
+    def _forward(self, segments: list[Segment], *, purge_allowed: bool) -> None:
+        """Decode the rows of ``segments``, then commit and sample them.
+
+        On "no KV space" drop idle slots' cached KV once, then split the batch in
+        halves; a single slot that still cannot fit fails alone. Any other error
+        fails every active request.
+        """
+        # A slot failed by an earlier half has no request any more; skip its rows
+        # and keep every decode call on a contiguous range of rows.
+        live = [s for s in segments if s.slot.request is not None]
+        if not live:
+            return
+        runs = _contiguous_runs(live)
+        if len(runs) > 1:
+            for run in runs:
+                self._forward(run, purge_allowed=purge_allowed)
+            return
+        start, end = live[0].start, live[-1].end
+        code = self.backend.decode(start, end)
+        if code == _DECODE_OK:
+            self._commit(live, start)
+        elif code == _DECODE_NO_KV_SPACE:
+            if purge_allowed and self._purge_idle_caches():
+                self._forward(live, purge_allowed=False)
+            elif len(live) > 1:
+                mid = len(live) // 2
+                self._forward(live[:mid], purge_allowed=False)
+                self._forward(live[mid:], purge_allowed=False)
+            elif end - start > 1:
+                # One slot's prefill chunk: halve it, positions stay contiguous.
+                only, mid_row = live[0], start + (end - start) // 2
+                self._forward([Segment(only.slot, start, mid_row, -1, False)], purge_allowed=False)
+                self._forward([Segment(only.slot, mid_row, end, only.logits_row, False)], purge_allowed=False)
+            else:
+                self._fail(live[0].slot, DecodeError("no KV space left for this request (n_ctx is full)"))
+        else:
+            error = DecodeError(f"llama_decode failed with code {code}")
+            _log.error("%s; failing every active request", error)
+            for slot in self.slots:
+                if slot.state is not SlotState.IDLE:
+                    self._fail(slot, error)
+
+    def _purge_idle_caches(self) -> bool:
+        purged = False
+        for slot in self.slots:
+            if slot.state is SlotState.IDLE and slot.cached:
+                self.backend.seq_clear(slot.seq_id)
+                slot.cached.clear()
+                purged = True
+        return purged
+
+    def _commit(self, segments: list[Segment], start: int) -> None:
+        """Record decoded rows in their slots, then sample the rows that asked for logits."""
+        tokens = self.backend.tokens
+        for segment in segments:
+            slot = segment.slot
+            if segment.decode:
+                slot.cached.append(slot.pending)
+            else:
+                slot.cached.extend(tokens[segment.start : segment.end].tolist())
+            if segment.logits_row >= 0:
+                assert slot.request is not None
+                token = self.backend.sample(slot.request.sampler, segment.logits_row - start)
+                self._on_token(slot, token)
+
+    def _on_token(self, slot: Slot, token: int) -> None:
+        request = slot.request
+        assert request is not None
+        now = time.monotonic()
+        if request.t_first_token is None:
+            request.t_first_token = now
+        slot.state = SlotState.GENERATING
+        if token in self.backend.eog_ids:
+            self._finish(slot, "eog")
+            return
+        request.token_ids.append(token)
+        text = request.decoder.decode(self.backend.piece(token))
+        request.pieces.append(text)
+        if request.reply_to is not None and not self._put(request, Token(request.request_id, text, token)):
+            return
+        if len(request.token_ids) >= request.message.max_tokens:
+            self._finish(slot, "max_tokens")
+        elif len(slot.cached) + 1 >= self.backend.n_ctx:
+            self._finish(slot, "length")
+        else:
+            slot.pending = token
+
+    # -- finishing -----------------------------------------------------------------
+
+    def _put(self, request: Request, event: object) -> bool:
+        """Put a stream event without blocking the engine; a failed put cancels the request."""
+        assert request.reply_to is not None
+        try:
+            put_nowait: Callable[[object], object] | None = getattr(request.reply_to, "put_nowait", None)
+            (put_nowait or request.reply_to.put)(event)
+        except Exception as e:
+            _log.warning("stream consumer of %s is gone (%r); cancelling", request.request_id, e)
+            request.reply_to = None  # nobody to tell any more
+            if request.seq_id >= 0 and self.slots[request.seq_id].request is request:
+                self._finish(self.slots[request.seq_id], "cancelled")
+            return False
+        return True
+
+    def _finish(self, slot: Slot, stop_reason: StopReason) -> None:
+        request = slot.release()
+        assert request is not None
+        completion = self._deliver_completion(request, stop_reason)
+        if telemetry.request_done.receivers:
+            metadata = self._metadata(request)
+            metadata["stop_reason"] = stop_reason
+            telemetry.emit(telemetry.request_done, self.sender, self._measurements(request, completion), metadata)
+
+    def _deliver_completion(self, request: Request, stop_reason: StopReason) -> Completion:
+        self.requests.pop(request.request_id, None)
+        self.backend.free_sampler(request.sampler)
+        tail = request.decoder.decode(b"", final=True)
+        if tail:
+            request.pieces.append(tail)
+        now = time.monotonic()
+        duration_ms = (now - request.t_admitted) * 1000.0
+        ttft_ms = duration_ms if request.t_first_token is None or not request.token_ids else (
+            (request.t_first_token - request.t_admitted) * 1000.0
+        )
+        completion = Completion(
+            request_id=request.request_id,
+            text="".join(request.pieces),
+            token_ids=tuple(request.token_ids),
+            stop_reason=stop_reason,
+            prompt_tokens=len(request.prompt),
+            generated_tokens=len(request.token_ids),
+            prefix_cache_tokens=request.prefix_cache_tokens,
+            ttft_ms=ttft_ms,
+            duration_ms=duration_ms,
+        )
+        request.t_finished = now
+        if request.future is not None:
+            request.future.set(completion)
+        elif request.reply_to is not None:
+            if tail:
+                self._put(request, Token(request.request_id, tail, request.token_ids[-1]))
+            if request.reply_to is not None:
+                self._put(request, Done(request.request_id, completion))
+        return completion
+
+    def _fail(self, slot: Slot, error: EngineError) -> None:
+        """Fail the slot's request and drop its KV (it may be half written)."""
+        request = slot.release()
+        assert request is not None
+        self.backend.seq_clear(slot.seq_id)
+        slot.cached.clear()
+        self._deliver_error(request, error)
+        if telemetry.request_exception.receivers:
+            metadata = self._metadata(request)
+            metadata["stop_reason"] = "error"
+            metadata["reason"] = str(error)
+            telemetry.emit(telemetry.request_exception, self.sender, self._measurements(request, None), metadata)
+
+    def _deliver_error(self, request: Request, error: EngineError) -> None:
+        self.requests.pop(request.request_id, None)
+        self.backend.free_sampler(request.sampler)
+        request.t_finished = time.monotonic()
+        if request.future is not None:
+            request.future.set_exception(exc_info=(type(error), error, None))
+        elif request.reply_to is not None:
+            self._put(request, Failed(request.request_id, error))
+
+    def fail_all(self, error: EngineError) -> None:
+        """Fail every running and queued request (engine stopping)."""
+        for slot in self.slots:
+            if slot.state is not SlotState.IDLE:
+                self._fail(slot, error)
+        while self.waiting:
+            self._deliver_error(self.waiting.popleft(), error)
+
+    # -- telemetry and introspection ---------------------------------------------
+
+    @staticmethod
+    def _metadata(request: Request) -> dict[str, Any]:
+        return {"request_id": request.request_id, "seq_id": request.seq_id, "mode": request.mode}
+
+    @staticmethod
+    def _measurements(request: Request, completion: Completion | None) -> dict[str, Any]:
+        end = request.t_finished
+        duration_ms = (end - request.t_admitted) * 1000.0
+        first = request.t_first_token if request.token_ids else None
+        ttft_ms = duration_ms if first is None else (first - request.t_admitted) * 1000.0
+        n_prompt, n_cached, n_gen = len(request.prompt), request.prefix_cache_tokens, len(request.token_ids)
+        prompt_s = (first - request.t_started) if first is not None else 0.0
+        gen_s = (end - first) if first is not None else 0.0
+        return {
+            "prompt_tokens": n_prompt,
+            "generated_tokens": n_gen,
+            "duration_ms": duration_ms,
+            "ttft_ms": ttft_ms,
+            "prompt_eval_rate": (n_prompt - n_cached) / prompt_s if prompt_s > 0 else 0.0,
+            "generation_rate": (n_gen - 1) / gen_s if gen_s > 0 and n_gen > 1 else 0.0,
+            "prefix_cache_tokens": n_cached,
+            "prefix_cache_ratio": n_cached / n_prompt if n_prompt else 0.0,
+        }
+
+    def stats(self) -> dict[str, int]:
+        """The engine's load, as ``GetStats`` returns it."""
+        states = [slot.state for slot in self.slots]
+        return {
+            "active_slots": sum(1 for s in states if s is not SlotState.IDLE),
+            "idle_slots": sum(1 for s in states if s is SlotState.IDLE),
+            "prefilling_slots": sum(1 for s in states if s is SlotState.PREFILLING),
+            "generating_slots": sum(1 for s in states if s is SlotState.GENERATING),
+            "queue_depth": len(self.waiting),
+            "n_parallel": len(self.slots),
+            "n_batch": self.backend.n_batch,
+            "n_ctx": self.backend.n_ctx,
+        }

@@ -1,0 +1,69 @@
+"""The exceptions the engine raises, all in one tree.
+
+::
+
+    EngineError                      every error of this package
+    ├── InvalidRequest (ValueError)  a message the engine will not run: checked in the
+    │                                caller's thread where no model is needed, else at
+    │                                admission in the actor thread
+    ├── QueueFull                    every slot is busy and ``max_queue`` requests wait
+    ├── ConfigError (ValueError)     a bad option to ``ServerActor.start()``
+    ├── ModelLoadError               the model file is missing, unreadable or not a model
+    ├── StrategyError                a batch strategy raised or returned an invalid plan
+    ├── DecodeError                  ``llama_decode`` failed for this request
+    ├── EngineStopped                the engine stopped (or died) with the request pending
+    └── RequestTimeout (TimeoutError) a helper's timeout passed; the request was cancelled
+
+A request that fails after admission reaches a ``generate`` caller as the exception
+raised from ``Future.get()`` and a ``stream`` caller as ``Failed(request_id, error)``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DecodeError",
+    "EngineError",
+    "EngineStopped",
+    "InvalidRequest",
+    "ModelLoadError",
+    "QueueFull",
+    "RequestTimeout",
+    "StrategyError",
+]
+
+
+class EngineError(Exception):
+    """Base class of every error raised by llama-cpp-actors."""
+
+
+class InvalidRequest(EngineError, ValueError):
+    """The request is invalid and was never queued."""
+
+
+class QueueFull(EngineError):
+    """Every slot is busy and the wait queue holds ``max_queue`` requests."""
+
+
+class ConfigError(EngineError, ValueError):
+    """An option given to ``ServerActor.start()`` is out of range."""
+
+
+class ModelLoadError(EngineError):
+    """The model could not be found or loaded."""
+
+
+class StrategyError(EngineError):
+    """The batch strategy raised, or returned a plan the engine refused."""
+
+
+class DecodeError(EngineError):
+    """``llama_decode`` failed for this request (no KV space, or a fatal error)."""
+
+
+class EngineStopped(EngineError):
+    """The engine stopped or died before the request finished."""
+
+
+class RequestTimeout(EngineError, TimeoutError):
+    """A helper's timeout passed before the request finished; it was cancelled."""

@@ -1,0 +1,155 @@
+"""Blocking helpers for callers' threads: ``generate()`` and ``stream()``.
+
+They run in the caller's thread, never in the actor's. Both watch the actor while they
+wait, so a caller never hangs on an engine that died, and both cancel their request
+when they give up (timeout, or a stream consumer that stops early).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pykka
+
+from actors._errors import EngineStopped, RequestTimeout
+from actors._messages import (
+    Cancel,
+    Completion,
+    Done,
+    Failed,
+    Generate,
+    GenerateTokens,
+    Stream,
+    StreamTokens,
+    Token,
+)
+
+__all__ = ["generate", "stream"]
+
+# How often a waiting helper checks that the actor is still alive.
+_LIVENESS_POLL_S = 0.25
+
+
+def _tell_cancel(ref: pykka.ActorRef[Any], request_id: str) -> None:
+    try:
+        ref.tell(Cancel(request_id))
+    except pykka.ActorDeadError:
+        pass
+
+
+def _ask(ref: pykka.ActorRef[Any], message: object) -> Any:
+    try:
+        return ref.ask(message)
+    except pykka.ActorDeadError as e:
+        raise EngineStopped(f"the engine is not running: {e}") from None
+
+
+def generate(
+    ref: pykka.ActorRef[Any],
+    prompt: str | Sequence[int],
+    *,
+    timeout: float | None = None,
+    **options: Any,
+) -> Completion:
+    """Complete ``prompt`` (text or token ids) and wait for the ``Completion``.
+
+    Args:
+        ref: the server.
+        prompt: text, or a list of token ids.
+        timeout: seconds to wait in all; when it passes the request is cancelled and
+            ``RequestTimeout`` raised.
+        **options: any ``Generate`` option (``max_tokens``, ``temp``, ...).
+
+    Raises:
+        InvalidRequest, QueueFull: at admission. EngineError: the request failed.
+    """
+    message = Generate(prompt, **options) if isinstance(prompt, str) else GenerateTokens(prompt, **options)
+    future = _ask(ref, message)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = _LIVENESS_POLL_S if deadline is None else min(_LIVENESS_POLL_S, deadline - time.monotonic())
+        try:
+            completion: Completion = future.get(timeout=max(wait, 0.0))
+            return completion
+        except pykka.Timeout:
+            pass
+        if deadline is not None and time.monotonic() >= deadline:
+            _tell_cancel(ref, message.request_id)
+            raise RequestTimeout(f"no completion within {timeout} s; request cancelled")
+        if not ref.is_alive():
+            raise EngineStopped("the engine stopped before the request finished")
+
+
+def stream(
+    ref: pykka.ActorRef[Any],
+    prompt: str | Sequence[int],
+    *,
+    timeout: float | None = None,
+    **options: Any,
+) -> Iterator[str]:
+    """Stream the text of a completion piece by piece.
+
+    Closing the iterator early (``break``, ``close()``, garbage collection) cancels
+    the request.
+
+    Args:
+        ref: the server.
+        prompt: text, or a list of token ids.
+        timeout: the most seconds to wait for each next piece; when it passes the
+            request is cancelled and ``RequestTimeout`` raised.
+        **options: any ``Stream`` option (``max_tokens``, ``temp``, ...).
+    """
+    events: queue.Queue[Token | Done | Failed] = queue.Queue()
+    if isinstance(prompt, str):
+        message: Stream | StreamTokens = Stream(prompt, reply_to=events, **options)
+    else:
+        message = StreamTokens(prompt, reply_to=events, **options)
+    return _stream_events(ref, message, events, timeout)
+
+
+def _stream_events(
+    ref: pykka.ActorRef[Any],
+    message: Stream | StreamTokens,
+    events: queue.Queue[Token | Done | Failed],
+    timeout: float | None,
+) -> Iterator[str]:
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError as e:
+        raise EngineStopped(f"the engine is not running: {e}") from None
+    finished = False
+    try:
+        while True:
+            event = _next_event(ref, events, timeout)
+            if isinstance(event, Token):
+                if event.text:
+                    yield event.text
+            elif isinstance(event, Done):
+                finished = True
+                return
+            else:
+                finished = True
+                raise event.error
+    finally:
+        if not finished:
+            _tell_cancel(ref, message.request_id)
+
+
+def _next_event(
+    ref: pykka.ActorRef[Any], events: queue.Queue[Token | Done | Failed], timeout: float | None
+) -> Token | Done | Failed:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = _LIVENESS_POLL_S if deadline is None else min(_LIVENESS_POLL_S, deadline - time.monotonic())
+        try:
+            return events.get(timeout=max(wait, 0.0))
+        except queue.Empty:
+            pass
+        if deadline is not None and time.monotonic() >= deadline:
+            raise RequestTimeout(f"no token within {timeout} s; request cancelled")
+        if not ref.is_alive():
+            raise EngineStopped("the engine stopped before the request finished")
+

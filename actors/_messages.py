@@ -1,0 +1,305 @@
+"""Messages that cross the actor boundary: frozen dataclasses, checked on creation.
+
+Every check that needs no model runs in ``__post_init__``, in the caller's thread,
+and raises ``InvalidRequest``; checks that need the model (token ids against the
+vocabulary, the prompt against the context, the grammar) run at admission in the
+actor thread.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
+
+from actors._errors import EngineError, InvalidRequest
+
+__all__ = [
+    "Cancel",
+    "Completion",
+    "Done",
+    "Failed",
+    "Generate",
+    "GenerateTokens",
+    "GetInfo",
+    "GetStats",
+    "ReplyTo",
+    "SamplingParams",
+    "StopReason",
+    "Stream",
+    "StreamTokens",
+    "Token",
+]
+
+StopReason = Literal["eog", "max_tokens", "length", "cancelled"]
+"""Why a request finished: an end-of-generation token, ``max_tokens`` reached, the
+context window full (``length``), or cancelled."""
+
+_SEED_MAX = 2**32 - 1
+
+
+class ReplyTo(Protocol):
+    """Where a stream's events go: anything with ``put()``, e.g. ``queue.Queue``."""
+
+    def put(self, item: Any, /) -> Any: ...
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequest(message)
+
+
+def _check_sampling(name: str, value: Any) -> None:
+    """Check one sampling option; ``None`` (the server's default) is always fine."""
+    if value is None:
+        return
+    if name in ("top_k", "penalty_last_n", "seed"):
+        _require(_is_int(value), f"{name} must be an int, got {value!r}")
+    elif name == "grammar":
+        _require(isinstance(value, str) and value.strip() != "", "grammar must be a non-empty GBNF string")
+        return
+    else:
+        _require(_is_number(value) and math.isfinite(value), f"{name} must be a finite number, got {value!r}")
+    if name == "temp":
+        _require(value >= 0, f"temp must be >= 0 (0 is greedy), got {value}")
+    elif name == "top_k":
+        _require(value >= 0, f"top_k must be >= 0 (0 disables it), got {value}")
+    elif name in ("top_p", "min_p"):
+        _require(0.0 <= value <= 1.0, f"{name} must be within [0, 1], got {value}")
+    elif name == "seed":
+        _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 1], got {value}")
+    elif name == "penalty_last_n":
+        _require(value >= -1, f"penalty_last_n must be >= -1 (-1 is the whole context), got {value}")
+    elif name == "penalty_repeat":
+        _require(value > 0, f"penalty_repeat must be > 0 (1.0 is off), got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """The sampling options of a request, resolved against the server's defaults.
+
+    ``temp=0`` is greedy; ``seed=None`` draws a fresh random seed per request.
+    """
+
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    penalty_last_n: int = 64
+    penalty_repeat: float = 1.0
+    penalty_freq: float = 0.0
+    penalty_present: float = 0.0
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_sampling(f.name, getattr(self, f.name))
+
+    def merged(self, overrides: _RequestMessage) -> SamplingParams:
+        """These defaults with every option the request sets (not ``None``) replaced."""
+        changes = {
+            f.name: getattr(overrides, f.name)
+            for f in fields(self)
+            if getattr(overrides, f.name) is not None
+        }
+        if not changes:
+            return self
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return SamplingParams(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RequestMessage:
+    """Options shared by every request message (all keyword-only)."""
+
+    max_tokens: int = 256
+    request_id: str = field(default_factory=_new_id)
+    logit_bias: Mapping[int, float] | None = None
+    temp: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    penalty_last_n: int | None = None
+    penalty_repeat: float | None = None
+    penalty_freq: float | None = None
+    penalty_present: float | None = None
+    grammar: str | None = None
+
+    def _check_options(self) -> None:
+        _require(
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
+            f"max_tokens must be an int >= 1, got {self.max_tokens!r}",
+        )
+        _require(
+            isinstance(self.request_id, str) and self.request_id != "",
+            "request_id must be a non-empty str",
+        )
+        for f in fields(SamplingParams):
+            _check_sampling(f.name, getattr(self, f.name))
+        if self.logit_bias is not None:
+            _require(isinstance(self.logit_bias, Mapping), "logit_bias must be a dict of token id -> bias")
+            for token, bias in self.logit_bias.items():
+                _require(_is_int(token) and token >= 0, f"logit_bias key {token!r} is not a token id")
+                # -inf bans a token; NaN and +inf would poison the softmax.
+                _require(
+                    _is_number(bias) and not math.isnan(bias) and bias != math.inf,
+                    f"logit_bias[{token}] must be a finite number or -inf, got {bias!r}",
+                )
+            object.__setattr__(self, "logit_bias", MappingProxyType(dict(self.logit_bias)))
+
+    @property
+    def mode(self) -> Literal["generate", "stream"]:
+        """``"stream"`` for messages with a ``reply_to``, else ``"generate"``."""
+        return "stream" if hasattr(self, "reply_to") else "generate"
+
+
+def _check_prompt(prompt: object) -> None:
+    _require(isinstance(prompt, str), f"prompt must be a str, got {type(prompt).__name__}")
+    _require(prompt != "", "prompt must not be empty")
+
+
+def _checked_tokens(tokens: object) -> tuple[int, ...]:
+    _require(
+        isinstance(tokens, Sequence) and not isinstance(tokens, str | bytes),
+        "tokens must be a list of token ids",
+    )
+    assert isinstance(tokens, Sequence)
+    _require(len(tokens) > 0, "tokens must not be empty")
+    for token in tokens:
+        _require(_is_int(token) and token >= 0, f"token id {token!r} is not a non-negative int")
+    return tuple(tokens)
+
+
+def _check_reply_to(reply_to: object) -> None:
+    _require(callable(getattr(reply_to, "put", None)), "reply_to must have a put() method, e.g. queue.Queue")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generate(_RequestMessage):
+    """Complete ``prompt``; ``ref.ask()`` returns a Future of the ``Completion``."""
+
+    prompt: str = field(kw_only=False)
+
+    def __post_init__(self) -> None:
+        _check_prompt(self.prompt)
+        _RequestMessage._check_options(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateTokens(_RequestMessage):
+    """Complete a prompt given as token ids; the ask returns a Future."""
+
+    tokens: tuple[int, ...] = field(kw_only=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
+        _RequestMessage._check_options(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stream(_RequestMessage):
+    """Complete ``prompt``, putting ``Token`` events then one ``Done``/``Failed`` on ``reply_to``."""
+
+    prompt: str = field(kw_only=False)
+    reply_to: ReplyTo
+
+    def __post_init__(self) -> None:
+        _check_prompt(self.prompt)
+        _check_reply_to(self.reply_to)
+        _RequestMessage._check_options(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamTokens(_RequestMessage):
+    """Like ``Stream`` for a prompt given as token ids."""
+
+    tokens: tuple[int, ...] = field(kw_only=False)
+    reply_to: ReplyTo
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
+        _check_reply_to(self.reply_to)
+        _RequestMessage._check_options(self)
+
+
+RequestMessage = Generate | GenerateTokens | Stream | StreamTokens
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Cancel a queued or running request; unknown ids are ignored."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GetStats:
+    """Ask for a dict of the engine's current load."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetInfo:
+    """Ask for a dict describing the loaded model and context."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The result of one request.
+
+    ``ttft_ms`` is the time from admission to the first generated token (equal to
+    ``duration_ms`` when none came); ``prefix_cache_tokens`` prompt tokens were
+    reused from the KV cache instead of being decoded.
+    """
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    stop_reason: StopReason
+    prompt_tokens: int
+    generated_tokens: int
+    prefix_cache_tokens: int
+    ttft_ms: float
+    duration_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One streamed piece of text; ``text`` may be empty while a character is incomplete."""
+
+    request_id: str
+    text: str
+    token_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The last event of a successful stream."""
+
+    request_id: str
+    completion: Completion
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The last event of a failed stream."""
+
+    request_id: str
+    error: EngineError

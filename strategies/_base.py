@@ -1,0 +1,119 @@
+"""The strategy contract: read-only slot views in, a batch plan out.
+
+A strategy runs in the engine's actor thread, once per tick, and must be a pure
+function of its arguments: it mutates nothing, sends no signal and calls nothing in
+llama.cpp. The engine validates the plan it returns before it touches a batch, so a
+buggy strategy fails requests with a clear ``StrategyError`` instead of aborting the
+process with an oversized batch.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["BatchPlan", "BatchStrategy", "SlotPlan", "SlotState", "SlotView"]
+
+
+class SlotState(enum.IntEnum):
+    """What a slot is doing; ordered so ``state > IDLE`` means busy."""
+
+    IDLE = 0
+    PREFILLING = 1
+    GENERATING = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """A read-only view of one busy slot, as a strategy sees it.
+
+    Attributes:
+        seq_id: the slot's llama.cpp sequence id.
+        state: ``PREFILLING`` while prompt tokens are left, then ``GENERATING``.
+        has_pending_token: a sampled token waits to be decoded (one decode token).
+        prefill_remaining: prompt tokens not yet in the KV cache.
+        generated_tokens: tokens generated so far for the request.
+        arrival: the request's arrival order (smaller arrived earlier).
+    """
+
+    seq_id: int
+    state: SlotState
+    has_pending_token: bool
+    prefill_remaining: int
+    generated_tokens: int
+    arrival: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPlan:
+    """What one slot contributes to this tick's batch.
+
+    Attributes:
+        seq_id: the slot.
+        decode: decode the slot's pending token (one batch token, logits requested).
+        prefill_tokens: how many of the slot's remaining prompt tokens to prefill; the
+            engine requests logits on the last one only when it completes the prompt.
+    """
+
+    seq_id: int
+    decode: bool = False
+    prefill_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """The plan of one tick: one entry per contributing slot, in batch order."""
+
+    slots: tuple[SlotPlan, ...] = ()
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Decode tokens in the plan."""
+        return sum(1 for entry in self.slots if entry.decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt tokens prefilled by the plan."""
+        return sum(entry.prefill_tokens for entry in self.slots)
+
+    @property
+    def num_tokens(self) -> int:
+        """Batch size the plan asks for."""
+        return self.num_decode_tokens + self.num_prefill_tokens
+
+
+class BatchStrategy(abc.ABC):
+    """Decides how one tick's token budget is split between decode and prefill.
+
+    Subclass it and implement :meth:`build_batch`. It runs in the engine thread, once
+    per tick, so keep it cheap; it must not mutate the views or keep state that
+    changes its answer for the same input.
+    """
+
+    @abc.abstractmethod
+    def build_batch(
+        self,
+        slots: Sequence[SlotView],
+        budget: int,
+        chunk_size: int,
+        *,
+        queue_depth: int,
+    ) -> BatchPlan:
+        """Plan one tick.
+
+        Args:
+            slots: views of the busy slots (idle slots are not shown).
+            budget: the most tokens the batch may hold (``n_batch``).
+            chunk_size: the most prompt tokens one slot may prefill this tick.
+            queue_depth: requests waiting for a free slot.
+
+        Returns:
+            The plan; at most ``budget`` tokens, a slot at most once, a decode only
+            for a slot with a pending token, at most ``min(chunk_size,
+            prefill_remaining)`` prefill tokens per slot.
+        """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,83 @@
+"""Telemetry: blinker signals the engine sends from its own thread.
+
+Subscribe with ``telemetry.tick.connect(receiver)``. Each receiver is called as
+``receiver(sender, measurements={...}, metadata={...})`` where ``sender`` is the
+server's ``pykka.ActorRef``. Receivers run **synchronously in the engine thread**:
+a slow receiver slows every request, so hand heavy work to a queue. The engine calls
+each receiver itself: one that raises is logged and skipped, the others still run.
+blinker holds receivers weakly by default; connect a bound method or a closure with
+``weak=False`` or keep a reference to it. Payloads are only built when a receiver is
+connected.
+
+========================  ==============================================  =========================
+signal                    measurements                                    metadata
+========================  ==============================================  =========================
+``tick``                  ``batch_size``, ``decode_tokens``,              (none)
+                          ``prefill_tokens``, ``active_slots``,
+                          ``queue_depth``, ``eval_ms``
+``request_start``         ``prompt_tokens``, ``prefix_cache_tokens``      ``request_id``, ``seq_id``,
+                                                                          ``mode``
+``request_done``          ``prompt_tokens``, ``generated_tokens``,        ``request_id``, ``seq_id``,
+                          ``duration_ms``, ``ttft_ms``,                   ``mode``, ``stop_reason``
+                          ``prompt_eval_rate``, ``generation_rate``,
+                          ``prefix_cache_tokens``, ``prefix_cache_ratio``
+``request_exception``     as ``request_done``                             as ``request_done`` with
+                                                                          ``stop_reason="error"``
+                                                                          and ``reason``
+========================  ==============================================  =========================
+
+Units: ``*_ms`` are milliseconds; rates are tokens per second; ``mode`` is
+``"generate"`` or ``"stream"``; ``prefix_cache_ratio`` is ``prefix_cache_tokens /
+prompt_tokens``; ``reason`` is the error's message.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from blinker import Namespace, Signal
+
+__all__ = [
+    "NAMESPACE",
+    "emit",
+    "request_done",
+    "request_exception",
+    "request_start",
+    "tick",
+]
+
+_log = logging.getLogger("llama_cpp_actors.telemetry")
+
+NAMESPACE = Namespace()
+"""The namespace that holds every signal of the engine."""
+
+tick = NAMESPACE.signal(
+    "llama_cpp_actors.server.tick",
+    doc="After every forward pass: batch composition and eval time.",
+)
+request_start = NAMESPACE.signal(
+    "llama_cpp_actors.server.request.start",
+    doc="A request got a slot and its prefix-cache match is known.",
+)
+request_done = NAMESPACE.signal(
+    "llama_cpp_actors.server.request.done",
+    doc="A request finished: eog, max_tokens, length or cancelled.",
+)
+request_exception = NAMESPACE.signal(
+    "llama_cpp_actors.server.request.exception",
+    doc="A request failed after it got a slot.",
+)
+
+
+def emit(signal: Signal, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """Call every receiver of ``signal``; log and skip one that raises.
+
+    Runs in the sender's thread (the engine thread for the built-in signals). blinker's
+    own ``send`` stops at the first receiver that raises, so we call them one by one.
+    """
+    for receiver in signal.receivers_for(sender):
+        try:
+            receiver(sender, measurements=measurements, metadata=metadata)
+        except Exception:
+            _log.exception("telemetry receiver %r raised on %s; skipped", receiver, signal.name)
