@@ -1,0 +1,44 @@
+"""Shared fixtures: the default model, servers that stop at teardown, a reference Llama."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pykka
+import pytest
+
+from actors import ServerActor, default_model_path
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    return default_model_path()
+
+
+@pytest.fixture
+def start_server(model_path: str) -> Iterator[Callable[..., pykka.ActorRef[Any]]]:
+    """Start ServerActors on the default model; every actor is stopped at teardown."""
+
+    def start(**options: Any) -> pykka.ActorRef[Any]:
+        options.setdefault("n_ctx", 2048)
+        return ServerActor.start(model_path=model_path, **options)
+
+    yield start
+    pykka.ActorRegistry.stop_all()
+
+
+@pytest.fixture
+def server(start_server: Callable[..., pykka.ActorRef[Any]]) -> pykka.ActorRef[Any]:
+    """A 4-slot server on the default model."""
+    return start_server(n_parallel=4)
+
+
+@pytest.fixture(scope="session")
+def reference_llama(model_path: str) -> Any:
+    """One ``llama_cpp.Llama`` with all logits kept, for greedy references and margins."""
+    from llama_cpp import Llama
+
+    logging.getLogger("llama_cpp_actors").debug("loading the reference Llama")
+    return Llama(model_path, n_ctx=2048, n_threads=1, logits_all=True, verbose=False)

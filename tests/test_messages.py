@@ -1,0 +1,102 @@
+"""Messages check what needs no model in the caller's thread, before anything is sent."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import queue
+from typing import Any
+
+import pytest
+
+from actors import (
+    Cancel,
+    EngineError,
+    Generate,
+    GenerateTokens,
+    InvalidRequest,
+    Stream,
+    StreamTokens,
+)
+
+
+def test_request_ids_are_fresh_and_messages_frozen() -> None:
+    a, b = Generate("hi"), Generate("hi")
+    assert a.request_id != b.request_id and len(a.request_id) == 32
+    assert a.max_tokens == 256
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.max_tokens = 3  # type: ignore[misc]
+    assert Generate("hi", request_id="mine").request_id == "mine"
+
+
+def test_token_lists_become_tuples() -> None:
+    assert GenerateTokens([1, 2, 3]).tokens == (1, 2, 3)
+
+
+def test_invalid_request_is_a_value_error_and_an_engine_error() -> None:
+    assert issubclass(InvalidRequest, ValueError) and issubclass(InvalidRequest, EngineError)
+
+
+BAD: list[tuple[Any, dict[str, Any]]] = [
+    ("", {}),
+    (None, {}),
+    (b"bytes", {}),
+    ("ok", {"max_tokens": 0}),
+    ("ok", {"max_tokens": -5}),
+    ("ok", {"max_tokens": 1.5}),
+    ("ok", {"max_tokens": True}),
+    ("ok", {"temp": -0.1}),
+    ("ok", {"temp": math.nan}),
+    ("ok", {"temp": math.inf}),
+    ("ok", {"top_k": -1}),
+    ("ok", {"top_k": 2.5}),
+    ("ok", {"top_p": 1.5}),
+    ("ok", {"top_p": -0.01}),
+    ("ok", {"min_p": 2}),
+    ("ok", {"seed": -1}),
+    ("ok", {"seed": 2**32}),
+    ("ok", {"penalty_last_n": -2}),
+    ("ok", {"penalty_repeat": 0}),
+    ("ok", {"penalty_freq": math.nan}),
+    ("ok", {"grammar": ""}),
+    ("ok", {"logit_bias": {-1: 1.0}}),
+    ("ok", {"logit_bias": {5: math.nan}}),
+    ("ok", {"logit_bias": {5: math.inf}}),
+    ("ok", {"logit_bias": [1, 2]}),
+    ("ok", {"request_id": ""}),
+]
+
+
+@pytest.mark.parametrize(("prompt", "options"), BAD)
+def test_bad_generate_raises_in_the_callers_thread(prompt: Any, options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest):
+        Generate(prompt, **options)
+
+
+@pytest.mark.parametrize("tokens", [[], [1, -1], [1, 2.0], "abc", [True], None])
+def test_bad_token_lists(tokens: Any) -> None:
+    with pytest.raises(InvalidRequest):
+        GenerateTokens(tokens)
+    with pytest.raises(InvalidRequest):
+        StreamTokens(tokens, reply_to=queue.Queue())
+
+
+def test_stream_needs_a_reply_to_with_put() -> None:
+    with pytest.raises(InvalidRequest, match="put"):
+        Stream("hi", reply_to=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Stream("hi")  # type: ignore[call-arg]
+
+
+def test_unknown_keyword_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="temperature"):
+        Generate("hi", temperature=0.5)  # type: ignore[call-arg]
+
+
+def test_minus_infinity_bias_bans_a_token() -> None:
+    assert Generate("hi", logit_bias={5: -math.inf}).logit_bias == {5: -math.inf}
+
+
+def test_cancel_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Cancel("x").request_id = "y"  # type: ignore[misc]

@@ -1,0 +1,254 @@
+"""The engine end to end on the default model: concurrency, streaming, cache, cancel."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+import pytest
+
+import telemetry
+from actors import (
+    Cancel,
+    Completion,
+    Done,
+    Failed,
+    Generate,
+    GenerateTokens,
+    GetInfo,
+    GetStats,
+    Stream,
+    StreamTokens,
+    Token,
+    generate,
+    stream,
+)
+
+StartServer = Callable[..., pykka.ActorRef[Any]]
+
+
+class Recorder:
+    """Collects every signal of the engine (held strongly by the test)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        for signal in (telemetry.tick, telemetry.request_start, telemetry.request_done, telemetry.request_exception):
+            signal.connect(self._receiver(signal.name))
+
+    def _receiver(self, name: str) -> Callable[..., None]:
+        def receive(sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+            with self._lock:
+                self.events.append((name.rsplit(".", 2)[-1] if "request" in name else "tick", measurements, metadata))
+
+        setattr(self, f"_keep_{len(self.__dict__)}", receive)  # blinker holds receivers weakly
+        return receive
+
+    def of(self, kind: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        with self._lock:
+            return [(m, md) for k, m, md in self.events if k == kind]
+
+
+@pytest.fixture
+def recorder() -> Any:
+    rec = Recorder()
+    yield rec
+    for signal in (telemetry.tick, telemetry.request_start, telemetry.request_done, telemetry.request_exception):
+        for receiver in list(signal.receivers_for(None)):
+            signal.disconnect(receiver)
+
+
+def drain(q: queue.Queue[Any], timeout: float = 60) -> list[Any]:
+    events = []
+    while True:
+        event = q.get(timeout=timeout)
+        events.append(event)
+        if isinstance(event, Done | Failed):
+            return events
+
+
+def test_generate_returns_a_completion(server: pykka.ActorRef[Any]) -> None:
+    completion = generate(server, "Once upon a time", max_tokens=20, temp=0, timeout=60)
+    assert isinstance(completion, Completion)
+    assert completion.stop_reason == "max_tokens"
+    assert completion.generated_tokens == len(completion.token_ids) == 20
+    assert completion.prompt_tokens == 4
+    assert completion.text and completion.text.startswith(",")
+    assert 0 < completion.ttft_ms <= completion.duration_ms
+
+
+def test_ask_returns_a_future_once_admitted(server: pykka.ActorRef[Any]) -> None:
+    future = server.ask(Generate("Hello", max_tokens=5))
+    assert isinstance(future, pykka.Future)
+    assert future.get(timeout=60).generated_tokens == 5
+
+
+def test_eight_streams_on_four_slots_batch_their_decodes(
+    server: pykka.ActorRef[Any], recorder: Recorder
+) -> None:
+    queues = []
+    for i in range(8):
+        q: queue.Queue[Any] = queue.Queue()
+        server.tell(Stream(f"Story {i}: once upon a time", reply_to=q, max_tokens=24, temp=0.7, seed=i))
+        queues.append(q)
+    for q in queues:
+        events = drain(q)
+        done = events[-1]
+        assert isinstance(done, Done), done
+        tokens = [e for e in events if isinstance(e, Token)]
+        assert "".join(t.text for t in tokens) == done.completion.text
+        assert [t.token_id for t in tokens] == list(done.completion.token_ids)
+        assert all(t.request_id == done.request_id for t in tokens)
+    decode_batches = [m["decode_tokens"] for m, _ in recorder.of("tick")]
+    assert max(decode_batches) == 4
+    assert all(m["batch_size"] <= 2048 for m, _ in recorder.of("tick"))
+
+
+def test_every_request_has_one_start_and_one_end(
+    server: pykka.ActorRef[Any], recorder: Recorder
+) -> None:
+    futures = [server.ask(Generate(f"Count to {i}", max_tokens=8 + i)) for i in range(6)]
+    q: queue.Queue[Any] = queue.Queue()
+    cancelled = Stream("A long story:", reply_to=q, max_tokens=200)
+    server.tell(cancelled)
+    assert isinstance(q.get(timeout=30), Token)
+    server.tell(Cancel(cancelled.request_id))
+    assert drain(q)[-1].completion.stop_reason == "cancelled"
+    ids = {f.get(timeout=60).request_id for f in futures} | {cancelled.request_id}
+    starts = [md["request_id"] for _, md in recorder.of("start")]
+    ends = [md["request_id"] for _, md in recorder.of("done") + recorder.of("exception")]
+    assert sorted(starts) == sorted(ends) == sorted(ids)
+    done = {md["request_id"]: (m, md) for m, md in recorder.of("done")}
+    m, md = done[cancelled.request_id]
+    assert md["stop_reason"] == "cancelled" and md["mode"] == "stream"
+    assert set(m) == {
+        "prompt_tokens", "generated_tokens", "duration_ms", "ttft_ms", "prompt_eval_rate",
+        "generation_rate", "prefix_cache_tokens", "prefix_cache_ratio",
+    }  # fmt: skip
+
+
+def test_max_tokens_is_exact_and_eog_is_never_returned(server: pykka.ActorRef[Any]) -> None:
+    chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    completion = generate(server, chat, max_tokens=200, temp=0)
+    assert completion.stop_reason == "eog"
+    assert not {0, 2, 4} & set(completion.token_ids)
+    assert "<|im_end|>" not in completion.text
+    no_eog = {0: float("-inf"), 2: float("-inf"), 4: float("-inf")}
+    for n in (1, 2, 7, 40):
+        completion = generate(server, chat, max_tokens=n, logit_bias=no_eog)
+        assert completion.generated_tokens == n and completion.stop_reason == "max_tokens"
+
+
+def test_token_prompts(server: pykka.ActorRef[Any], reference_llama: Any) -> None:
+    prompt = reference_llama.tokenize(b"Once upon a time", add_bos=True, special=True)
+    tokens = list(generate(server, "Once upon a time", max_tokens=6, temp=0).token_ids)
+    by_tokens = server.ask(GenerateTokens(prompt, max_tokens=6, temp=0)).get(timeout=60)
+    assert by_tokens.prompt_tokens == 4 and list(by_tokens.token_ids) == tokens
+    q: queue.Queue[Any] = queue.Queue()
+    server.tell(StreamTokens(prompt, reply_to=q, max_tokens=6, temp=0))
+    assert list(drain(q)[-1].completion.token_ids) == tokens
+
+
+def test_prefix_cache_reuses_the_first_turn(server: pykka.ActorRef[Any]) -> None:
+    first = "<|im_start|>user\nTell me about cats.<|im_end|>\n<|im_start|>assistant\n"
+    one = generate(server, first, max_tokens=30, temp=0)
+    second = first + one.text + "<|im_end|>\n<|im_start|>user\nAnd dogs?<|im_end|>\n<|im_start|>assistant\n"
+    two = generate(server, second, max_tokens=10, temp=0)
+    assert two.prefix_cache_tokens >= one.prompt_tokens
+    again = generate(server, second, max_tokens=10, temp=0)  # an exact repeat finishes
+    assert again.prefix_cache_tokens == again.prompt_tokens - 1
+    assert again.token_ids == two.token_ids
+
+
+def test_cache_prompt_off_reuses_nothing(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=1, cache_prompt=False)
+    generate(ref, "The same prompt, twice", max_tokens=4)
+    assert generate(ref, "The same prompt, twice", max_tokens=4).prefix_cache_tokens == 0
+
+
+def test_cancel_a_running_generate_returns_the_text_so_far(server: pykka.ActorRef[Any]) -> None:
+    message = Generate("Write a very long essay about the sea.", max_tokens=2000)
+    future = server.ask(message)
+    time.sleep(0.3)
+    server.tell(Cancel(message.request_id))
+    completion = future.get(timeout=10)
+    assert completion.stop_reason == "cancelled"
+    assert 0 < completion.generated_tokens < 2000
+    assert server.ask(GetStats())["active_slots"] == 0
+
+
+def test_cancel_a_queued_request(start_server: StartServer, recorder: Recorder) -> None:
+    ref = start_server(n_parallel=1)
+    running = ref.ask(Generate("Tell me a long story.", max_tokens=100))
+    waiting = Generate("I wait in the queue", max_tokens=100)
+    future = ref.ask(waiting)
+    assert ref.ask(GetStats())["queue_depth"] == 1
+    ref.tell(Cancel(waiting.request_id))
+    completion = future.get(timeout=10)
+    assert completion.stop_reason == "cancelled" and completion.generated_tokens == 0
+    assert completion.ttft_ms == completion.duration_ms
+    assert ref.ask(GetStats())["queue_depth"] == 0
+    running.get(timeout=60)
+    assert waiting.request_id not in [md["request_id"] for _, md in recorder.of("start")]
+
+
+def test_stream_helper_joins_to_the_completion_and_closing_early_cancels(
+    server: pykka.ActorRef[Any], recorder: Recorder
+) -> None:
+    pieces = list(stream(server, "The weather today is", max_tokens=16, temp=0))
+    assert "".join(pieces) == generate(server, "The weather today is", max_tokens=16, temp=0).text
+    iterator = stream(server, "An endless list of numbers: 1, 2,", max_tokens=1000)
+    next(iterator)
+    iterator.close()
+    deadline = time.monotonic() + 10
+    while server.ask(GetStats())["active_slots"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.ask(GetStats())["active_slots"] == 0
+    assert "cancelled" in [md["stop_reason"] for _, md in recorder.of("done")]
+
+
+def test_a_stream_whose_consumer_is_gone_is_cancelled(server: pykka.ActorRef[Any]) -> None:
+    full: queue.Queue[Any] = queue.Queue(maxsize=2)
+    server.tell(Stream("Nobody reads this", reply_to=full, max_tokens=500))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (full.qsize() < 2 or server.ask(GetStats())["active_slots"]):
+        time.sleep(0.02)
+    assert server.ask(GetStats())["active_slots"] == 0
+    assert generate(server, "Still serving?", max_tokens=3).generated_tokens == 3
+
+
+def test_stats_and_info(server: pykka.ActorRef[Any], model_path: str) -> None:
+    stats = server.ask(GetStats())
+    assert stats == {
+        "active_slots": 0, "idle_slots": 4, "prefilling_slots": 0, "generating_slots": 0,
+        "queue_depth": 0, "n_parallel": 4, "n_batch": 2048, "n_ctx": 2048,
+    }  # fmt: skip
+    info = server.ask(GetInfo())
+    assert info["model_path"] == model_path
+    assert info["n_vocab"] == 49152 and info["n_ctx_train"] == 8192
+    assert info["has_chat_template"] is True
+    assert info["n_ctx"] == 2048 and info["n_parallel"] == 4 and info["n_batch"] == 2048
+    assert info["n_threads"] >= 1
+
+
+def test_idle_engine_stops_ticking(server: pykka.ActorRef[Any], recorder: Recorder) -> None:
+    generate(server, "Hi", max_tokens=3)
+    n = len(recorder.of("tick"))
+    time.sleep(0.3)
+    assert len(recorder.of("tick")) == n
+
+
+def test_unknown_message_is_ignored(server: pykka.ActorRef[Any]) -> None:
+    assert server.ask("what is this?") is None
+    server.tell(12345)
+    assert generate(server, "Still here", max_tokens=2).generated_tokens == 2
+
+
+def test_seeded_sampling_is_reproducible(server: pykka.ActorRef[Any]) -> None:
+    a = generate(server, "My favourite animal is", max_tokens=16, temp=1.0, seed=1234)
+    b = generate(server, "My favourite animal is", max_tokens=16, temp=1.0, seed=1234)
+    assert a.token_ids == b.token_ids
