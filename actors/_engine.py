@@ -177,7 +177,7 @@ class Engine:
             return
         if request.seq_id < 0:
             self.waiting.remove(request)
-            self._deliver_completion(request, "cancelled")
+            self._deliver(request, self._close(request, "cancelled"))
         else:
             self._finish(self.slots[request.seq_id], "cancelled")
 
@@ -341,26 +341,25 @@ class Engine:
         return True
 
     def _finish(self, slot: Slot, stop_reason: StopReason) -> None:
+        """End the slot's request normally; telemetry first, so observers see it by
+        the time the caller does."""
         request = slot.release()
         assert request is not None
-        completion = self._deliver_completion(request, stop_reason)
+        completion = self._close(request, stop_reason)
         if telemetry.request_done.receivers:
             metadata = self._metadata(request)
             metadata["stop_reason"] = stop_reason
-            telemetry.emit(telemetry.request_done, self.sender, self._measurements(request, completion), metadata)
+            telemetry.emit(telemetry.request_done, self.sender, self._measurements(request), metadata)
+        self._deliver(request, completion)
 
-    def _deliver_completion(self, request: Request, stop_reason: StopReason) -> Completion:
-        self.requests.pop(request.request_id, None)
-        self.backend.free_sampler(request.sampler)
+    def _close(self, request: Request, stop_reason: StopReason) -> Completion:
+        """Forget the request, free its sampler and build its ``Completion``."""
+        self._forget(request)
         tail = request.decoder.decode(b"", final=True)
-        if tail:
+        if tail:  # bytes that never completed a character: U+FFFD
             request.pieces.append(tail)
-        now = time.monotonic()
-        duration_ms = (now - request.t_admitted) * 1000.0
-        ttft_ms = duration_ms if request.t_first_token is None or not request.token_ids else (
-            (request.t_first_token - request.t_admitted) * 1000.0
-        )
-        completion = Completion(
+        ttft_ms, duration_ms = self._timings(request)
+        return Completion(
             request_id=request.request_id,
             text="".join(request.pieces),
             token_ids=tuple(request.token_ids),
@@ -371,15 +370,20 @@ class Engine:
             ttft_ms=ttft_ms,
             duration_ms=duration_ms,
         )
-        request.t_finished = now
+
+    def _forget(self, request: Request) -> None:
+        self.requests.pop(request.request_id, None)
+        self.backend.free_sampler(request.sampler)
+        request.t_finished = time.monotonic()
+
+    def _deliver(self, request: Request, completion: Completion) -> None:
         if request.future is not None:
             request.future.set(completion)
         elif request.reply_to is not None:
-            if tail:
-                self._put(request, Token(request.request_id, tail, request.token_ids[-1]))
-            if request.reply_to is not None:
-                self._put(request, Done(request.request_id, completion))
-        return completion
+            flushed = len(request.pieces) > len(request.token_ids)
+            if flushed and not self._put(request, Token(request.request_id, request.pieces[-1], request.token_ids[-1])):
+                return
+            self._put(request, Done(request.request_id, completion))
 
     def _fail(self, slot: Slot, error: EngineError) -> None:
         """Fail the slot's request and drop its KV (it may be half written)."""
@@ -387,17 +391,15 @@ class Engine:
         assert request is not None
         self.backend.seq_clear(slot.seq_id)
         slot.cached.clear()
-        self._deliver_error(request, error)
+        self._forget(request)
         if telemetry.request_exception.receivers:
             metadata = self._metadata(request)
             metadata["stop_reason"] = "error"
             metadata["reason"] = str(error)
-            telemetry.emit(telemetry.request_exception, self.sender, self._measurements(request, None), metadata)
+            telemetry.emit(telemetry.request_exception, self.sender, self._measurements(request), metadata)
+        self._deliver_error(request, error)
 
     def _deliver_error(self, request: Request, error: EngineError) -> None:
-        self.requests.pop(request.request_id, None)
-        self.backend.free_sampler(request.sampler)
-        request.t_finished = time.monotonic()
         if request.future is not None:
             request.future.set_exception(exc_info=(type(error), error, None))
         elif request.reply_to is not None:
@@ -409,7 +411,9 @@ class Engine:
             if slot.state is not SlotState.IDLE:
                 self._fail(slot, error)
         while self.waiting:
-            self._deliver_error(self.waiting.popleft(), error)
+            request = self.waiting.popleft()
+            self._forget(request)
+            self._deliver_error(request, error)
 
     # -- telemetry and introspection ---------------------------------------------
 
@@ -418,19 +422,27 @@ class Engine:
         return {"request_id": request.request_id, "seq_id": request.seq_id, "mode": request.mode}
 
     @staticmethod
-    def _measurements(request: Request, completion: Completion | None) -> dict[str, Any]:
-        end = request.t_finished
-        duration_ms = (end - request.t_admitted) * 1000.0
-        first = request.t_first_token if request.token_ids else None
-        ttft_ms = duration_ms if first is None else (first - request.t_admitted) * 1000.0
+    def _timings(request: Request) -> tuple[float, float]:
+        """``(ttft_ms, duration_ms)`` from admission; ttft is the duration when no token came."""
+        duration_ms = (request.t_finished - request.t_admitted) * 1000.0
+        if request.t_first_token is None or not request.token_ids:
+            return duration_ms, duration_ms
+        return (request.t_first_token - request.t_admitted) * 1000.0, duration_ms
+
+    @classmethod
+    def _measurements(cls, request: Request) -> dict[str, Any]:
+        ttft_ms, duration_ms = cls._timings(request)
         n_prompt, n_cached, n_gen = len(request.prompt), request.prefix_cache_tokens, len(request.token_ids)
-        prompt_s = (first - request.t_started) if first is not None else 0.0
-        gen_s = (end - first) if first is not None else 0.0
+        first = request.t_first_token if request.token_ids else None
+        prompt_s = first - request.t_started if first is not None else 0.0
+        gen_s = request.t_finished - first if first is not None else 0.0
         return {
             "prompt_tokens": n_prompt,
             "generated_tokens": n_gen,
             "duration_ms": duration_ms,
             "ttft_ms": ttft_ms,
+            # Prompt tokens actually evaluated per second of prefill, then tokens after
+            # the first per second of decoding; 0.0 where undefined.
             "prompt_eval_rate": (n_prompt - n_cached) / prompt_s if prompt_s > 0 else 0.0,
             "generation_rate": (n_gen - 1) / gen_s if gen_s > 0 and n_gen > 1 else 0.0,
             "prefix_cache_tokens": n_cached,

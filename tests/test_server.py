@@ -5,13 +5,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pykka
 import pytest
 
-import telemetry
 from actors import (
     Cancel,
     Completion,
@@ -27,37 +26,16 @@ from actors import (
     generate,
     stream,
 )
+from helpers import NO_EOG, SIGNALS, Recorder
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 
 
-class Recorder:
-    """Collects every signal of the engine (held strongly by the test)."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-        self._lock = threading.Lock()
-        for signal in (telemetry.tick, telemetry.request_start, telemetry.request_done, telemetry.request_exception):
-            signal.connect(self._receiver(signal.name))
-
-    def _receiver(self, name: str) -> Callable[..., None]:
-        def receive(sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
-            with self._lock:
-                self.events.append((name.rsplit(".", 2)[-1] if "request" in name else "tick", measurements, metadata))
-
-        setattr(self, f"_keep_{len(self.__dict__)}", receive)  # blinker holds receivers weakly
-        return receive
-
-    def of(self, kind: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        with self._lock:
-            return [(m, md) for k, m, md in self.events if k == kind]
-
-
 @pytest.fixture
-def recorder() -> Any:
+def recorder() -> Iterator[Recorder]:
     rec = Recorder()
     yield rec
-    for signal in (telemetry.tick, telemetry.request_start, telemetry.request_done, telemetry.request_exception):
+    for signal in SIGNALS:
         for receiver in list(signal.receivers_for(None)):
             signal.disconnect(receiver)
 
@@ -113,7 +91,7 @@ def test_every_request_has_one_start_and_one_end(
 ) -> None:
     futures = [server.ask(Generate(f"Count to {i}", max_tokens=8 + i)) for i in range(6)]
     q: queue.Queue[Any] = queue.Queue()
-    cancelled = Stream("A long story:", reply_to=q, max_tokens=200)
+    cancelled = Stream("A long story:", reply_to=q, max_tokens=200, logit_bias=NO_EOG)
     server.tell(cancelled)
     assert isinstance(q.get(timeout=30), Token)
     server.tell(Cancel(cancelled.request_id))
@@ -137,9 +115,8 @@ def test_max_tokens_is_exact_and_eog_is_never_returned(server: pykka.ActorRef[An
     assert completion.stop_reason == "eog"
     assert not {0, 2, 4} & set(completion.token_ids)
     assert "<|im_end|>" not in completion.text
-    no_eog = {0: float("-inf"), 2: float("-inf"), 4: float("-inf")}
     for n in (1, 2, 7, 40):
-        completion = generate(server, chat, max_tokens=n, logit_bias=no_eog)
+        completion = generate(server, chat, max_tokens=n, logit_bias=NO_EOG)
         assert completion.generated_tokens == n and completion.stop_reason == "max_tokens"
 
 
@@ -171,7 +148,7 @@ def test_cache_prompt_off_reuses_nothing(start_server: StartServer) -> None:
 
 
 def test_cancel_a_running_generate_returns_the_text_so_far(server: pykka.ActorRef[Any]) -> None:
-    message = Generate("Write a very long essay about the sea.", max_tokens=2000)
+    message = Generate("Write a very long essay about the sea.", max_tokens=2000, logit_bias=NO_EOG)
     future = server.ask(message)
     time.sleep(0.3)
     server.tell(Cancel(message.request_id))
@@ -183,7 +160,7 @@ def test_cancel_a_running_generate_returns_the_text_so_far(server: pykka.ActorRe
 
 def test_cancel_a_queued_request(start_server: StartServer, recorder: Recorder) -> None:
     ref = start_server(n_parallel=1)
-    running = ref.ask(Generate("Tell me a long story.", max_tokens=100))
+    running = ref.ask(Generate("Tell me a long story.", max_tokens=100, logit_bias=NO_EOG))
     waiting = Generate("I wait in the queue", max_tokens=100)
     future = ref.ask(waiting)
     assert ref.ask(GetStats())["queue_depth"] == 1
@@ -201,7 +178,7 @@ def test_stream_helper_joins_to_the_completion_and_closing_early_cancels(
 ) -> None:
     pieces = list(stream(server, "The weather today is", max_tokens=16, temp=0))
     assert "".join(pieces) == generate(server, "The weather today is", max_tokens=16, temp=0).text
-    iterator = stream(server, "An endless list of numbers: 1, 2,", max_tokens=1000)
+    iterator = stream(server, "An endless list of numbers: 1, 2,", max_tokens=1000, logit_bias=NO_EOG)
     next(iterator)
     iterator.close()
     deadline = time.monotonic() + 10
@@ -213,7 +190,7 @@ def test_stream_helper_joins_to_the_completion_and_closing_early_cancels(
 
 def test_a_stream_whose_consumer_is_gone_is_cancelled(server: pykka.ActorRef[Any]) -> None:
     full: queue.Queue[Any] = queue.Queue(maxsize=2)
-    server.tell(Stream("Nobody reads this", reply_to=full, max_tokens=500))
+    server.tell(Stream("Nobody reads this", reply_to=full, max_tokens=500, logit_bias=NO_EOG))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (full.qsize() < 2 or server.ask(GetStats())["active_slots"]):
         time.sleep(0.02)

@@ -1,0 +1,37 @@
+"""Test helpers shared by several test files."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import telemetry
+
+# Ban every end-of-generation token of the default model, so a request runs until
+# max_tokens, a cancel or a stop: tests that need a busy slot must not race an EOG.
+NO_EOG = {0: float("-inf"), 2: float("-inf"), 4: float("-inf")}
+
+SIGNALS = (telemetry.tick, telemetry.request_start, telemetry.request_done, telemetry.request_exception)
+
+
+class Recorder:
+    """Collects every signal of the engine (held strongly by the test)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        for signal in SIGNALS:
+            signal.connect(self._receiver(signal.name))
+
+    def _receiver(self, name: str) -> Callable[..., None]:
+        def receive(sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+            with self._lock:
+                self.events.append((name.rsplit(".", 2)[-1] if "request" in name else "tick", measurements, metadata))
+
+        setattr(self, f"_keep_{len(self.__dict__)}", receive)  # blinker holds receivers weakly
+        return receive
+
+    def of(self, kind: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        with self._lock:
+            return [(m, md) for k, m, md in self.events if k == kind]
