@@ -20,11 +20,12 @@ install: $(STAMP)
 demo: install
 	$(PY) examples/generate.py
 
-test: install
+test: install lint
 	$(PY) -m pytest
 
 lint: install
 	$(PY) -m ruff check actors strategies telemetry examples tests
+	$(PY) -m ruff format --check actors strategies telemetry examples tests
 	$(PY) -m mypy actors strategies telemetry examples
 
 clean:

@@ -126,7 +126,9 @@ class Engine:
             prompt = list(message.tokens)
             bad = [t for t in prompt if t >= backend.n_vocab]
             if bad:
-                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (n_vocab={backend.n_vocab})")
+                raise InvalidRequest(
+                    f"token id {bad[0]} is outside the vocabulary (n_vocab={backend.n_vocab})"
+                )
         if len(prompt) + 1 > backend.n_ctx:
             raise InvalidRequest(
                 f"prompt of {len(prompt)} tokens cannot fit the context (n_ctx={backend.n_ctx})"
@@ -231,7 +233,11 @@ class Engine:
             )
             return check_plan(plan, views, self.backend.n_batch, self.config.chunk_size)
         except Exception as e:
-            error = e if isinstance(e, StrategyError) else StrategyError(f"{self.config.batch_strategy!r} raised {e!r}")
+            error = (
+                e
+                if isinstance(e, StrategyError)
+                else StrategyError(f"{self.config.batch_strategy!r} raised {e!r}")
+            )
             _log.error("batch strategy failed; failing %d active requests: %s", len(busy), error)
             for slot in busy.values():
                 self._fail(slot, error)
@@ -269,9 +275,13 @@ class Engine:
                 # One slot's prefill chunk: halve it, positions stay contiguous.
                 only, mid_row = live[0], start + (end - start) // 2
                 self._forward([Segment(only.slot, start, mid_row, -1, False)], purge_allowed=False)
-                self._forward([Segment(only.slot, mid_row, end, only.logits_row, False)], purge_allowed=False)
+                self._forward(
+                    [Segment(only.slot, mid_row, end, only.logits_row, False)], purge_allowed=False
+                )
             else:
-                self._fail(live[0].slot, DecodeError("no KV space left for this request (n_ctx is full)"))
+                self._fail(
+                    live[0].slot, DecodeError("no KV space left for this request (n_ctx is full)")
+                )
         else:
             error = DecodeError(f"llama_decode failed with code {code}")
             _log.error("%s; failing every active request", error)
@@ -315,7 +325,9 @@ class Engine:
         request.token_ids.append(token)
         text = request.decoder.decode(self.backend.piece(token))
         request.pieces.append(text)
-        if request.reply_to is not None and not self._put(request, Token(request.request_id, text, token)):
+        if request.reply_to is not None and not self._put(
+            request, Token(request.request_id, text, token)
+        ):
             return
         if len(request.token_ids) >= request.message.max_tokens:
             self._finish(slot, "max_tokens")
@@ -330,7 +342,9 @@ class Engine:
         """Put a stream event without blocking the engine; a failed put cancels the request."""
         assert request.reply_to is not None
         try:
-            put_nowait: Callable[[object], object] | None = getattr(request.reply_to, "put_nowait", None)
+            put_nowait: Callable[[object], object] | None = getattr(
+                request.reply_to, "put_nowait", None
+            )
             (put_nowait or request.reply_to.put)(event)
         except Exception as e:
             _log.warning("stream consumer of %s is gone (%r); cancelling", request.request_id, e)
@@ -349,7 +363,9 @@ class Engine:
         if telemetry.request_done.receivers:
             metadata = self._metadata(request)
             metadata["stop_reason"] = stop_reason
-            telemetry.emit(telemetry.request_done, self.sender, self._measurements(request), metadata)
+            telemetry.emit(
+                telemetry.request_done, self.sender, self._measurements(request), metadata
+            )
         self._deliver(request, completion)
 
     def _close(self, request: Request, stop_reason: StopReason) -> Completion:
@@ -381,7 +397,9 @@ class Engine:
             request.future.set(completion)
         elif request.reply_to is not None:
             flushed = len(request.pieces) > len(request.token_ids)
-            if flushed and not self._put(request, Token(request.request_id, request.pieces[-1], request.token_ids[-1])):
+            if flushed and not self._put(
+                request, Token(request.request_id, request.pieces[-1], request.token_ids[-1])
+            ):
                 return
             self._put(request, Done(request.request_id, completion))
 
@@ -396,7 +414,9 @@ class Engine:
             metadata = self._metadata(request)
             metadata["stop_reason"] = "error"
             metadata["reason"] = str(error)
-            telemetry.emit(telemetry.request_exception, self.sender, self._measurements(request), metadata)
+            telemetry.emit(
+                telemetry.request_exception, self.sender, self._measurements(request), metadata
+            )
         self._deliver_error(request, error)
 
     def _deliver_error(self, request: Request, error: EngineError) -> None:
@@ -432,7 +452,11 @@ class Engine:
     @classmethod
     def _measurements(cls, request: Request) -> dict[str, Any]:
         ttft_ms, duration_ms = cls._timings(request)
-        n_prompt, n_cached, n_gen = len(request.prompt), request.prefix_cache_tokens, len(request.token_ids)
+        n_prompt, n_cached, n_gen = (
+            len(request.prompt),
+            request.prefix_cache_tokens,
+            len(request.token_ids),
+        )
         first = request.t_first_token if request.token_ids else None
         prompt_s = first - request.t_started if first is not None else 0.0
         gen_s = request.t_finished - first if first is not None else 0.0

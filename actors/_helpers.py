@@ -7,6 +7,7 @@ when they give up (timeout, or a stream consumer that stops early).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Iterator, Sequence
@@ -34,10 +35,8 @@ _LIVENESS_POLL_S = 0.25
 
 
 def _tell_cancel(ref: pykka.ActorRef[Any], request_id: str) -> None:
-    try:
+    with contextlib.suppress(pykka.ActorDeadError):  # a dead engine has nothing to cancel
         ref.tell(Cancel(request_id))
-    except pykka.ActorDeadError:
-        pass
 
 
 def _ask(ref: pykka.ActorRef[Any], message: object) -> Any:
@@ -66,11 +65,19 @@ def generate(
     Raises:
         InvalidRequest, QueueFull: at admission. EngineError: the request failed.
     """
-    message = Generate(prompt, **options) if isinstance(prompt, str) else GenerateTokens(prompt, **options)
+    message = (
+        Generate(prompt, **options)
+        if isinstance(prompt, str)
+        else GenerateTokens(prompt, **options)
+    )
     future = _ask(ref, message)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        wait = _LIVENESS_POLL_S if deadline is None else min(_LIVENESS_POLL_S, deadline - time.monotonic())
+        wait = (
+            _LIVENESS_POLL_S
+            if deadline is None
+            else min(_LIVENESS_POLL_S, deadline - time.monotonic())
+        )
         try:
             completion: Completion = future.get(timeout=max(wait, 0.0))
             return completion
@@ -143,7 +150,11 @@ def _next_event(
 ) -> Token | Done | Failed:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        wait = _LIVENESS_POLL_S if deadline is None else min(_LIVENESS_POLL_S, deadline - time.monotonic())
+        wait = (
+            _LIVENESS_POLL_S
+            if deadline is None
+            else min(_LIVENESS_POLL_S, deadline - time.monotonic())
+        )
         try:
             return events.get(timeout=max(wait, 0.0))
         except queue.Empty:
@@ -152,4 +163,3 @@ def _next_event(
             raise RequestTimeout(f"no token within {timeout} s; request cancelled")
         if not ref.is_alive():
             raise EngineStopped("the engine stopped before the request finished")
-

@@ -29,7 +29,13 @@ __all__ = ["BackendOptions", "LlamaBackend", "default_n_threads", "llama_cpp_ver
 _log = logging.getLogger("llama_cpp_actors.llama_cpp")
 
 # ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT (continue the previous line).
-_LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_LEVELS = {
+    0: logging.CRITICAL,
+    1: logging.DEBUG,
+    2: logging.INFO,
+    3: logging.WARNING,
+    4: logging.ERROR,
+}
 _GGML_LOG_CONT = 5
 _pending_line = threading.local()
 
@@ -98,7 +104,9 @@ class LlamaBackend:
         model_params.use_mlock = options.use_mlock
         self._model = _lc.llama_model_load_from_file(options.model_path.encode(), model_params)
         if not self._model:
-            raise ModelLoadError(f"llama.cpp could not load {options.model_path!r} (not a GGUF model?)")
+            raise ModelLoadError(
+                f"llama.cpp could not load {options.model_path!r} (not a GGUF model?)"
+            )
         self._vocab = _lc.llama_model_get_vocab(self._model)
         context_params = _lc.llama_context_default_params()
         context_params.n_ctx = options.n_ctx
@@ -154,7 +162,7 @@ class LlamaBackend:
         self._batch = self._batch_view(0)
 
     def _batch_view(self, start: int) -> Any:
-        batch = _lc.llama_batch()
+        batch: Any = _lc.llama_batch()
         int_p = ctypes.POINTER(ctypes.c_int32)
         batch.token = ctypes.cast(self.tokens.ctypes.data + 4 * start, int_p)
         batch.embd = None
@@ -191,7 +199,7 @@ class LlamaBackend:
         chain = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
         try:
             if logit_bias:
-                biases = (_lc.llama_logit_bias * len(logit_bias))()
+                biases: Any = (_lc.llama_logit_bias * len(logit_bias))()
                 for i, (token, bias) in enumerate(logit_bias.items()):
                     biases[i].token = token
                     biases[i].bias = bias if math.isfinite(bias) else -math.inf
@@ -209,7 +217,9 @@ class LlamaBackend:
                     _lc.llama_sampler_accept(penalties, token)
                 _lc.llama_sampler_chain_add(chain, penalties)
             if params.grammar is not None:
-                grammar = _lc.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
+                grammar = _lc.llama_sampler_init_grammar(
+                    self._vocab, params.grammar.encode(), b"root"
+                )
                 if not grammar:
                     raise InvalidRequest("grammar does not parse (llama.cpp logs the reason)")
                 _lc.llama_sampler_chain_add(chain, grammar)

@@ -71,10 +71,16 @@ def _check_sampling(name: str, value: Any) -> None:
     if name in ("top_k", "penalty_last_n", "seed"):
         _require(_is_int(value), f"{name} must be an int, got {value!r}")
     elif name == "grammar":
-        _require(isinstance(value, str) and value.strip() != "", "grammar must be a non-empty GBNF string")
+        _require(
+            isinstance(value, str) and value.strip() != "",
+            "grammar must be a non-empty GBNF string",
+        )
         return
     else:
-        _require(_is_number(value) and math.isfinite(value), f"{name} must be a finite number, got {value!r}")
+        _require(
+            _is_number(value) and math.isfinite(value),
+            f"{name} must be a finite number, got {value!r}",
+        )
     if name == "temp":
         _require(value >= 0, f"temp must be >= 0 (0 is greedy), got {value}")
     elif name == "top_k":
@@ -84,7 +90,9 @@ def _check_sampling(name: str, value: Any) -> None:
     elif name == "seed":
         _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 1], got {value}")
     elif name == "penalty_last_n":
-        _require(value >= -1, f"penalty_last_n must be >= -1 (-1 is the whole context), got {value}")
+        _require(
+            value >= -1, f"penalty_last_n must be >= -1 (-1 is the whole context), got {value}"
+        )
     elif name == "penalty_repeat":
         _require(value > 0, f"penalty_repeat must be > 0 (1.0 is off), got {value}")
 
@@ -155,9 +163,14 @@ class _RequestMessage:
         for f in fields(SamplingParams):
             _check_sampling(f.name, getattr(self, f.name))
         if self.logit_bias is not None:
-            _require(isinstance(self.logit_bias, Mapping), "logit_bias must be a dict of token id -> bias")
+            _require(
+                isinstance(self.logit_bias, Mapping),
+                "logit_bias must be a dict of token id -> bias",
+            )
             for token, bias in self.logit_bias.items():
-                _require(_is_int(token) and token >= 0, f"logit_bias key {token!r} is not a token id")
+                _require(
+                    _is_int(token) and token >= 0, f"logit_bias key {token!r} is not a token id"
+                )
                 # -inf bans a token; NaN and +inf would poison the softmax.
                 _require(
                     _is_number(bias) and not math.isnan(bias) and bias != math.inf,
@@ -189,7 +202,10 @@ def _checked_tokens(tokens: object) -> tuple[int, ...]:
 
 
 def _check_reply_to(reply_to: object) -> None:
-    _require(callable(getattr(reply_to, "put", None)), "reply_to must have a put() method, e.g. queue.Queue")
+    _require(
+        callable(getattr(reply_to, "put", None)),
+        "reply_to must have a put() method, e.g. queue.Queue",
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,7 +223,7 @@ class Generate(_RequestMessage):
 class GenerateTokens(_RequestMessage):
     """Complete a prompt given as token ids; the ask returns a Future."""
 
-    tokens: tuple[int, ...] = field(kw_only=False)
+    tokens: Sequence[int] = field(kw_only=False)  # stored as a tuple
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
@@ -216,7 +232,7 @@ class GenerateTokens(_RequestMessage):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stream(_RequestMessage):
-    """Complete ``prompt``, putting ``Token`` events then one ``Done``/``Failed`` on ``reply_to``."""
+    """Complete ``prompt``: ``Token`` events, then one ``Done`` or ``Failed``, on ``reply_to``."""
 
     prompt: str = field(kw_only=False)
     reply_to: ReplyTo
@@ -231,7 +247,7 @@ class Stream(_RequestMessage):
 class StreamTokens(_RequestMessage):
     """Like ``Stream`` for a prompt given as token ids."""
 
-    tokens: tuple[int, ...] = field(kw_only=False)
+    tokens: Sequence[int] = field(kw_only=False)  # stored as a tuple
     reply_to: ReplyTo
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ messages interleave with ticks, and an idle engine uses no CPU.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import weakref
@@ -54,10 +55,8 @@ def _stop_live_servers() -> None:
     # The actor threads are daemons so a forgotten server never hangs interpreter
     # exit; stop them here so llama.cpp is not torn down in the middle of a decode.
     for server in list(_live_servers):
-        try:
+        with contextlib.suppress(Exception):  # best effort at exit
             server.actor_ref.stop(block=True, timeout=5)
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
 
 
 def _positive(name: str, value: object) -> int:
@@ -113,8 +112,14 @@ class ServerActor(pykka.ThreadingActor):
         n_parallel = _positive("n_parallel", n_parallel)
         n_batch = _positive("n_batch", n_batch) if n_batch is not None else min(n_ctx, 2048)
         n_ubatch = _positive("n_ubatch", n_ubatch) if n_ubatch is not None else min(n_batch, 512)
-        n_threads = _positive("n_threads", n_threads) if n_threads is not None else default_n_threads()
-        n_threads_batch = _positive("n_threads_batch", n_threads_batch) if n_threads_batch is not None else n_threads
+        n_threads = (
+            _positive("n_threads", n_threads) if n_threads is not None else default_n_threads()
+        )
+        n_threads_batch = (
+            _positive("n_threads_batch", n_threads_batch)
+            if n_threads_batch is not None
+            else n_threads
+        )
         if not isinstance(max_queue, int) or isinstance(max_queue, bool) or max_queue < 0:
             raise ConfigError(f"max_queue must be an int >= 0, got {max_queue!r}")
         if batch_strategy is None:
@@ -197,10 +202,8 @@ class ServerActor(pykka.ThreadingActor):
             envelope = inbox.get()
             message = envelope.message
             if isinstance(message, Stream | StreamTokens):
-                try:
+                with contextlib.suppress(Exception):  # the consumer is gone too
                     message.reply_to.put(Failed(message.request_id, error))
-                except Exception:  # noqa: BLE001 - the consumer is gone too
-                    pass
             elif isinstance(message, Generate | GenerateTokens) and envelope.reply_to is not None:
                 envelope.reply_to.set_exception(exc_info=(type(error), error, None))
             else:
@@ -229,7 +232,7 @@ class ServerActor(pykka.ThreadingActor):
             except EngineError as error:
                 try:
                     message.reply_to.put(Failed(message.request_id, error))
-                except Exception:  # noqa: BLE001 - nobody to tell
+                except Exception:
                     _log.warning("could not deliver %r for %s", error, message.request_id)
         elif isinstance(message, Cancel):
             engine.cancel(message.request_id)

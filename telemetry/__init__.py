@@ -9,22 +9,23 @@ blinker holds receivers weakly by default; connect a bound method or a closure w
 ``weak=False`` or keep a reference to it. Payloads are only built when a receiver is
 connected.
 
-========================  ==============================================  =========================
-signal                    measurements                                    metadata
-========================  ==============================================  =========================
-``tick``                  ``batch_size``, ``decode_tokens``,              (none)
-                          ``prefill_tokens``, ``active_slots``,
-                          ``queue_depth``, ``eval_ms``
-``request_start``         ``prompt_tokens``, ``prefix_cache_tokens``      ``request_id``, ``seq_id``,
-                                                                          ``mode``
-``request_done``          ``prompt_tokens``, ``generated_tokens``,        ``request_id``, ``seq_id``,
-                          ``duration_ms``, ``ttft_ms``,                   ``mode``, ``stop_reason``
-                          ``prompt_eval_rate``, ``generation_rate``,
-                          ``prefix_cache_tokens``, ``prefix_cache_ratio``
-``request_exception``     as ``request_done``                             as ``request_done`` with
-                                                                          ``stop_reason="error"``
-                                                                          and ``reason``
-========================  ==============================================  =========================
+=====================  ============================================  =======================
+signal                 measurements                                  metadata
+=====================  ============================================  =======================
+``tick``               ``batch_size``, ``decode_tokens``,            (none)
+                       ``prefill_tokens``, ``active_slots``,
+                       ``queue_depth``, ``eval_ms``
+``request_start``      ``prompt_tokens``, ``prefix_cache_tokens``    ``request_id``,
+                                                                     ``seq_id``, ``mode``
+``request_done``       ``prompt_tokens``, ``generated_tokens``,      ``request_id``,
+                       ``duration_ms``, ``ttft_ms``,                 ``seq_id``, ``mode``,
+                       ``prompt_eval_rate``, ``generation_rate``,    ``stop_reason``
+                       ``prefix_cache_tokens``,
+                       ``prefix_cache_ratio``
+``request_exception``  as ``request_done``                           as ``request_done``,
+                                                                     ``stop_reason="error"``,
+                                                                     ``reason``
+=====================  ============================================  =======================
 
 Units: ``*_ms`` are milliseconds; rates are tokens per second; ``mode`` is
 ``"generate"`` or ``"stream"``; ``prefix_cache_ratio`` is ``prefix_cache_tokens /
@@ -36,7 +37,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from blinker import Namespace, Signal
+from blinker import NamedSignal, Namespace
 
 __all__ = [
     "NAMESPACE",
@@ -70,7 +71,9 @@ request_exception = NAMESPACE.signal(
 )
 
 
-def emit(signal: Signal, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+def emit(
+    signal: NamedSignal, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]
+) -> None:
     """Call every receiver of ``signal``; log and skip one that raises.
 
     Runs in the sender's thread (the engine thread for the built-in signals). blinker's

@@ -12,7 +12,12 @@ import telemetry
 # max_tokens, a cancel or a stop: tests that need a busy slot must not race an EOG.
 NO_EOG = {0: float("-inf"), 2: float("-inf"), 4: float("-inf")}
 
-SIGNALS = (telemetry.tick, telemetry.request_start, telemetry.request_done, telemetry.request_exception)
+SIGNALS = (
+    telemetry.tick,
+    telemetry.request_start,
+    telemetry.request_done,
+    telemetry.request_exception,
+)
 
 
 class Recorder:
@@ -27,7 +32,13 @@ class Recorder:
     def _receiver(self, name: str) -> Callable[..., None]:
         def receive(sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
             with self._lock:
-                self.events.append((name.rsplit(".", 2)[-1] if "request" in name else "tick", measurements, metadata))
+                self.events.append(
+                    (
+                        name.rsplit(".", 2)[-1] if "request" in name else "tick",
+                        measurements,
+                        metadata,
+                    )
+                )
 
         setattr(self, f"_keep_{len(self.__dict__)}", receive)  # blinker holds receivers weakly
         return receive

