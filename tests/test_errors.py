@@ -33,6 +33,7 @@ from actors import (
     StrategyError,
     Stream,
     generate,
+    stream,
 )
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
@@ -123,7 +124,7 @@ def test_invalid_at_admission_raises_from_ask_and_fails_a_stream(
     failed = q.get(timeout=10)
     assert isinstance(failed, Failed) and isinstance(failed.error, InvalidRequest)
     assert server.ask(GetStats())["active_slots"] == 0
-    assert generate(server, "Still serving", max_tokens=2).generated_tokens == 2
+    assert generate(server, "Still serving", max_tokens=2, logit_bias=NO_EOG).generated_tokens == 2
 
 
 def test_a_duplicate_live_request_id_is_invalid(server: pykka.ActorRef[Any]) -> None:
@@ -287,4 +288,15 @@ def test_no_kv_space_fails_only_the_request_that_cannot_fit(
     assert len(completions) == 1 and completions[0].stop_reason == "length"
     assert completions[0].prompt_tokens + completions[0].generated_tokens == n_ctx
     assert ref.ask(GetStats())["active_slots"] == 0
-    assert generate(ref, "Room again", max_tokens=3).generated_tokens == 3
+    assert generate(ref, "Room again", max_tokens=3, logit_bias=NO_EOG).generated_tokens == 3
+
+
+def test_stream_timeout_cancels_the_request(server: pykka.ActorRef[Any]) -> None:
+    long_prompt = "Summarize: " + "the quick brown fox jumps over the lazy dog. " * 150
+    pieces = stream(server, long_prompt, max_tokens=50, timeout=0.001)
+    with pytest.raises(RequestTimeout, match="no token within"):
+        next(pieces)
+    deadline = time.monotonic() + 10
+    while server.ask(GetStats())["active_slots"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.ask(GetStats())["active_slots"] == 0

@@ -59,7 +59,7 @@ def test_generate_returns_a_completion(server: pykka.ActorRef[Any]) -> None:
 
 
 def test_ask_returns_a_future_once_admitted(server: pykka.ActorRef[Any]) -> None:
-    future = server.ask(Generate("Hello", max_tokens=5))
+    future = server.ask(Generate("Hello", max_tokens=5, logit_bias=NO_EOG))
     assert isinstance(future, pykka.Future)
     assert future.get(timeout=60).generated_tokens == 5
 
@@ -204,7 +204,7 @@ def test_a_stream_whose_consumer_is_gone_is_cancelled(server: pykka.ActorRef[Any
     ):
         time.sleep(0.02)
     assert server.ask(GetStats())["active_slots"] == 0
-    assert generate(server, "Still serving?", max_tokens=3).generated_tokens == 3
+    assert generate(server, "Still serving?", max_tokens=3, logit_bias=NO_EOG).generated_tokens == 3
 
 
 def test_stats_and_info(server: pykka.ActorRef[Any], model_path: str) -> None:
@@ -231,7 +231,7 @@ def test_idle_engine_stops_ticking(server: pykka.ActorRef[Any], recorder: Record
 def test_unknown_message_is_ignored(server: pykka.ActorRef[Any]) -> None:
     assert server.ask("what is this?") is None
     server.tell(12345)
-    assert generate(server, "Still here", max_tokens=2).generated_tokens == 2
+    assert generate(server, "Still here", max_tokens=2, logit_bias=NO_EOG).generated_tokens == 2
 
 
 def test_seeded_sampling_is_reproducible(server: pykka.ActorRef[Any]) -> None:
