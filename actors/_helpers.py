@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import pykka
 
@@ -29,6 +29,8 @@ from actors._messages import (
 )
 
 __all__ = ["generate", "stream"]
+
+T = TypeVar("T")
 
 # How often a waiting helper checks that the actor is still alive.
 _LIVENESS_POLL_S = 0.25
@@ -71,21 +73,39 @@ def generate(
         else GenerateTokens(prompt, **options)
     )
     future = _ask(ref, message)
+    try:
+        completion: Completion = _wait_for(
+            ref, lambda wait: future.get(timeout=wait), pykka.Timeout, timeout,
+            f"no completion within {timeout} s; request cancelled",
+        )  # fmt: skip
+    except RequestTimeout:
+        _tell_cancel(ref, message.request_id)
+        raise
+    return completion
+
+
+def _wait_for(
+    ref: pykka.ActorRef[Any],
+    get: Callable[[float], T],
+    empty: type[Exception],
+    timeout: float | None,
+    timeout_message: str,
+) -> T:
+    """Call ``get(wait)`` until it returns, watching the actor and the deadline.
+
+    ``get`` raises ``empty`` when nothing arrived within ``wait`` seconds.
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        wait = (
-            _LIVENESS_POLL_S
-            if deadline is None
-            else min(_LIVENESS_POLL_S, deadline - time.monotonic())
-        )
+        wait = _LIVENESS_POLL_S
+        if deadline is not None:
+            wait = max(min(wait, deadline - time.monotonic()), 0.0)
         try:
-            completion: Completion = future.get(timeout=max(wait, 0.0))
-            return completion
-        except pykka.Timeout:
+            return get(wait)
+        except empty:
             pass
         if deadline is not None and time.monotonic() >= deadline:
-            _tell_cancel(ref, message.request_id)
-            raise RequestTimeout(f"no completion within {timeout} s; request cancelled")
+            raise RequestTimeout(timeout_message)
         if not ref.is_alive():
             raise EngineStopped("the engine stopped before the request finished")
 
@@ -130,7 +150,10 @@ def _stream_events(
     finished = False
     try:
         while True:
-            event = _next_event(ref, events, timeout)
+            event = _wait_for(
+                ref, lambda wait: events.get(timeout=wait), queue.Empty, timeout,
+                f"no token within {timeout} s; request cancelled",
+            )  # fmt: skip
             if isinstance(event, Token):
                 if event.text:
                     yield event.text
@@ -143,23 +166,3 @@ def _stream_events(
     finally:
         if not finished:
             _tell_cancel(ref, message.request_id)
-
-
-def _next_event(
-    ref: pykka.ActorRef[Any], events: queue.Queue[Token | Done | Failed], timeout: float | None
-) -> Token | Done | Failed:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        wait = (
-            _LIVENESS_POLL_S
-            if deadline is None
-            else min(_LIVENESS_POLL_S, deadline - time.monotonic())
-        )
-        try:
-            return events.get(timeout=max(wait, 0.0))
-        except queue.Empty:
-            pass
-        if deadline is not None and time.monotonic() >= deadline:
-            raise RequestTimeout(f"no token within {timeout} s; request cancelled")
-        if not ref.is_alive():
-            raise EngineStopped("the engine stopped before the request finished")
