@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint bench-peers bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,9 +24,21 @@ test: install lint
 	$(PY) -m pytest
 
 lint: install
-	$(PY) -m ruff check actors strategies telemetry examples tests
-	$(PY) -m ruff format --check actors strategies telemetry examples tests
+	$(PY) -m ruff check actors strategies telemetry examples tests bench
+	$(PY) -m ruff format --check actors strategies telemetry examples tests bench
 	$(PY) -m mypy actors strategies telemetry examples
+
+# Peers for bench/throughput.py, built outside the tracked tree (~7 min the first time).
+bench-peers: install
+	bash bench/peers.sh
+
+PEERS := $(CURDIR)/bench/.peers
+bench: install
+	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
+	LLAMA_CPP_PYTHON_EXAMPLE_SERVER=$$(test -f $(PEERS)/example_server.py && echo $(PEERS)/example_server.py) \
+	$(PY) bench/throughput.py
+	$(PY) bench/strategies.py
+	$(PY) bench/scaling.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

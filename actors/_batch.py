@@ -40,9 +40,7 @@ class Segment:
     decode: bool
 
 
-def check_plan(
-    plan: object, views: Mapping[int, SlotView], budget: int, chunk_size: int
-) -> BatchPlan:
+def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_size: int) -> BatchPlan:
     """Return ``plan`` if the engine may run it, else raise ``StrategyError`` saying why."""
     if not isinstance(plan, BatchPlan):
         raise StrategyError(f"build_batch must return a BatchPlan, got {type(plan).__name__}")

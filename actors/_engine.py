@@ -138,9 +138,7 @@ class Engine:
             raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
         free = [slot for slot in self.slots if slot.state is SlotState.IDLE]
         if not free and len(self.waiting) >= self.config.max_queue:
-            raise QueueFull(
-                f"all {len(self.slots)} slots busy and {len(self.waiting)} requests waiting"
-            )
+            raise QueueFull(f"all {len(self.slots)} slots busy and {len(self.waiting)} requests waiting")
         params = self.config.defaults.merged(message)
         sampler = backend.make_sampler(params, bias, prompt)
         self._arrivals += 1
@@ -275,13 +273,9 @@ class Engine:
                 # One slot's prefill chunk: halve it, positions stay contiguous.
                 only, mid_row = live[0], start + (end - start) // 2
                 self._forward([Segment(only.slot, start, mid_row, -1, False)], purge_allowed=False)
-                self._forward(
-                    [Segment(only.slot, mid_row, end, only.logits_row, False)], purge_allowed=False
-                )
+                self._forward([Segment(only.slot, mid_row, end, only.logits_row, False)], purge_allowed=False)
             else:
-                self._fail(
-                    live[0].slot, DecodeError("no KV space left for this request (n_ctx is full)")
-                )
+                self._fail(live[0].slot, DecodeError("no KV space left for this request (n_ctx is full)"))
         else:
             error = DecodeError(f"llama_decode failed with code {code}")
             _log.error("%s; failing every active request", error)
@@ -325,9 +319,7 @@ class Engine:
         request.token_ids.append(token)
         text = request.decoder.decode(self.backend.piece(token))
         request.pieces.append(text)
-        if request.reply_to is not None and not self._put(
-            request, Token(request.request_id, text, token)
-        ):
+        if request.reply_to is not None and not self._put(request, Token(request.request_id, text, token)):
             return
         if len(request.token_ids) >= request.message.max_tokens:
             self._finish(slot, "max_tokens")
@@ -342,9 +334,7 @@ class Engine:
         """Put a stream event without blocking the engine; a failed put cancels the request."""
         assert request.reply_to is not None
         try:
-            put_nowait: Callable[[object], object] | None = getattr(
-                request.reply_to, "put_nowait", None
-            )
+            put_nowait: Callable[[object], object] | None = getattr(request.reply_to, "put_nowait", None)
             (put_nowait or request.reply_to.put)(event)
         except Exception as e:
             _log.warning("stream consumer of %s is gone (%r); cancelling", request.request_id, e)
@@ -363,9 +353,7 @@ class Engine:
         if telemetry.request_done.receivers:
             metadata = self._metadata(request)
             metadata["stop_reason"] = stop_reason
-            telemetry.emit(
-                telemetry.request_done, self.sender, self._measurements(request), metadata
-            )
+            telemetry.emit(telemetry.request_done, self.sender, self._measurements(request), metadata)
         self._deliver(request, completion)
 
     def _close(self, request: Request, stop_reason: StopReason) -> Completion:
@@ -414,9 +402,7 @@ class Engine:
             metadata = self._metadata(request)
             metadata["stop_reason"] = "error"
             metadata["reason"] = str(error)
-            telemetry.emit(
-                telemetry.request_exception, self.sender, self._measurements(request), metadata
-            )
+            telemetry.emit(telemetry.request_exception, self.sender, self._measurements(request), metadata)
         self._deliver_error(request, error)
 
     def _deliver_error(self, request: Request, error: EngineError) -> None:

@@ -67,11 +67,7 @@ def generate(
     Raises:
         InvalidRequest, QueueFull: at admission. EngineError: the request failed.
     """
-    message = (
-        Generate(prompt, **options)
-        if isinstance(prompt, str)
-        else GenerateTokens(prompt, **options)
-    )
+    message = Generate(prompt, **options) if isinstance(prompt, str) else GenerateTokens(prompt, **options)
     future = _ask(ref, message)
     try:
         completion: Completion = _wait_for(

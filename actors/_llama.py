@@ -104,9 +104,7 @@ class LlamaBackend:
         model_params.use_mlock = options.use_mlock
         self._model = _lc.llama_model_load_from_file(options.model_path.encode(), model_params)
         if not self._model:
-            raise ModelLoadError(
-                f"llama.cpp could not load {options.model_path!r} (not a GGUF model?)"
-            )
+            raise ModelLoadError(f"llama.cpp could not load {options.model_path!r} (not a GGUF model?)")
         self._vocab = _lc.llama_model_get_vocab(self._model)
         context_params = _lc.llama_context_default_params()
         context_params.n_ctx = options.n_ctx
@@ -217,9 +215,7 @@ class LlamaBackend:
                     _lc.llama_sampler_accept(penalties, token)
                 _lc.llama_sampler_chain_add(chain, penalties)
             if params.grammar is not None:
-                grammar = _lc.llama_sampler_init_grammar(
-                    self._vocab, params.grammar.encode(), b"root"
-                )
+                grammar = _lc.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
                 if not grammar:
                     raise InvalidRequest("grammar does not parse (llama.cpp logs the reason)")
                 _lc.llama_sampler_chain_add(chain, grammar)

@@ -90,9 +90,7 @@ def _check_sampling(name: str, value: Any) -> None:
     elif name == "seed":
         _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 1], got {value}")
     elif name == "penalty_last_n":
-        _require(
-            value >= -1, f"penalty_last_n must be >= -1 (-1 is the whole context), got {value}"
-        )
+        _require(value >= -1, f"penalty_last_n must be >= -1 (-1 is the whole context), got {value}")
     elif name == "penalty_repeat":
         _require(value > 0, f"penalty_repeat must be > 0 (1.0 is off), got {value}")
 
@@ -122,9 +120,7 @@ class SamplingParams:
     def merged(self, overrides: _RequestMessage) -> SamplingParams:
         """These defaults with every option the request sets (not ``None``) replaced."""
         changes = {
-            f.name: getattr(overrides, f.name)
-            for f in fields(self)
-            if getattr(overrides, f.name) is not None
+            f.name: getattr(overrides, f.name) for f in fields(self) if getattr(overrides, f.name) is not None
         }
         if not changes:
             return self
@@ -168,9 +164,7 @@ class _RequestMessage:
                 "logit_bias must be a dict of token id -> bias",
             )
             for token, bias in self.logit_bias.items():
-                _require(
-                    _is_int(token) and token >= 0, f"logit_bias key {token!r} is not a token id"
-                )
+                _require(_is_int(token) and token >= 0, f"logit_bias key {token!r} is not a token id")
                 # -inf bans a token; NaN and +inf would poison the softmax.
                 _require(
                     _is_number(bias) and not math.isnan(bias) and bias != math.inf,

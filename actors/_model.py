@@ -35,9 +35,7 @@ def default_model_path() -> str:
         candidate = Path(location) / DEFAULT_MODEL_FILE
         if candidate.is_file():
             return str(candidate)
-    raise ModelLoadError(
-        f"the default model {DEFAULT_MODEL_FILE} is not installed: {_INSTALL_HINT}"
-    )
+    raise ModelLoadError(f"the default model {DEFAULT_MODEL_FILE} is not installed: {_INSTALL_HINT}")
 
 
 def resolve_model_path(model_path: str | os.PathLike[str] | None) -> str:

@@ -112,13 +112,9 @@ class ServerActor(pykka.ThreadingActor):
         n_parallel = _positive("n_parallel", n_parallel)
         n_batch = _positive("n_batch", n_batch) if n_batch is not None else min(n_ctx, 2048)
         n_ubatch = _positive("n_ubatch", n_ubatch) if n_ubatch is not None else min(n_batch, 512)
-        n_threads = (
-            _positive("n_threads", n_threads) if n_threads is not None else default_n_threads()
-        )
+        n_threads = _positive("n_threads", n_threads) if n_threads is not None else default_n_threads()
         n_threads_batch = (
-            _positive("n_threads_batch", n_threads_batch)
-            if n_threads_batch is not None
-            else n_threads
+            _positive("n_threads_batch", n_threads_batch) if n_threads_batch is not None else n_threads
         )
         if not isinstance(max_queue, int) or isinstance(max_queue, bool) or max_queue < 0:
             raise ConfigError(f"max_queue must be an int >= 0, got {max_queue!r}")

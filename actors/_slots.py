@@ -112,9 +112,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def choose_slot(
-    idle: Sequence[Slot], prompt: Sequence[int], cache_prompt: bool
-) -> tuple[Slot, int]:
+def choose_slot(idle: Sequence[Slot], prompt: Sequence[int], cache_prompt: bool) -> tuple[Slot, int]:
     """Pick the idle slot for a new prompt and how many cached tokens it can reuse.
 
     The slot whose cache shares the longest prefix with the prompt (when that covers

@@ -29,9 +29,7 @@ class ShortestPromptFirst(BatchStrategy):
         decoders = sorted((v for v in slots if v.has_pending_token), key=lambda v: v.arrival)
         entries = [SlotPlan(v.seq_id, decode=True) for v in decoders[:budget]]
         left = min(budget - len(entries), self.max_prefill)
-        prompts = sorted(
-            (v for v in slots if v.prefill_remaining), key=lambda v: v.prefill_remaining
-        )
+        prompts = sorted((v for v in slots if v.prefill_remaining), key=lambda v: v.prefill_remaining)
         for view in prompts:
             take = min(view.prefill_remaining, chunk_size, left)
             if take <= 0:

@@ -60,9 +60,7 @@ class Status:
         with self.lock:
             self.done += 1
 
-    def on_exception(
-        self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]
-    ) -> None:
+    def on_exception(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         with self.lock:
             self.failed += 1
 
@@ -93,9 +91,7 @@ def main() -> None:
 
     def consume(i: int) -> None:
         try:
-            for _piece in stream(
-                ref, f"Fact number {i} about the ocean:", max_tokens=args.max_tokens
-            ):
+            for _piece in stream(ref, f"Fact number {i} about the ocean:", max_tokens=args.max_tokens):
                 pass
         except BaseException as e:  # reported below, in the main thread
             errors.put(e)

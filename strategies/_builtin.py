@@ -38,9 +38,7 @@ def _prefills(ordered: Sequence[SlotView], budget: int, chunk_size: int) -> dict
     return chunks
 
 
-def _plan(
-    ordered: Sequence[SlotView], decode: Collection[int], prefill: Mapping[int, int]
-) -> BatchPlan:
+def _plan(ordered: Sequence[SlotView], decode: Collection[int], prefill: Mapping[int, int]) -> BatchPlan:
     entries = []
     for view in ordered:
         wants_decode = view.seq_id in decode

@@ -71,9 +71,7 @@ request_exception = NAMESPACE.signal(
 )
 
 
-def emit(
-    signal: NamedSignal, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]
-) -> None:
+def emit(signal: NamedSignal, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
     """Call every receiver of ``signal``; log and skip one that raises.
 
     Runs in the sender's thread (the engine thread for the built-in signals). blinker's

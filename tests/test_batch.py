@@ -34,9 +34,7 @@ def test_lay_out_asks_logits_for_decodes_and_only_the_last_token_of_a_completed_
     partial = busy_slot(1, list(range(100, 110)), cached=2)
     completing = busy_slot(2, list(range(200, 206)), cached=3)
     slots = {0: gen, 1: partial, 2: completing}
-    plan = BatchPlan(
-        (SlotPlan(0, decode=True), SlotPlan(1, prefill_tokens=4), SlotPlan(2, prefill_tokens=3))
-    )
+    plan = BatchPlan((SlotPlan(0, decode=True), SlotPlan(1, prefill_tokens=4), SlotPlan(2, prefill_tokens=3)))
     views = {s.seq_id: s.view() for s in slots.values()}
     check_plan(plan, views, budget=8, chunk_size=4)
     a = arrays()

@@ -86,9 +86,7 @@ def test_a_model_that_fails_to_load_stops_the_actor_and_asks_fail_at_once(tmp_pa
     assert time.monotonic() - t0 < 5
 
 
-def test_default_model_path_honours_llama_model(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_default_model_path_honours_llama_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from actors import default_model_path
 
     monkeypatch.setenv("LLAMA_MODEL", str(tmp_path / "x.gguf"))
@@ -128,16 +126,11 @@ def test_invalid_at_admission_raises_from_ask_and_fails_a_stream(
 
 
 def test_a_duplicate_live_request_id_is_invalid(server: pykka.ActorRef[Any]) -> None:
-    first = server.ask(
-        Generate("A long answer:", max_tokens=200, request_id="same", logit_bias=NO_EOG)
-    )
+    first = server.ask(Generate("A long answer:", max_tokens=200, request_id="same", logit_bias=NO_EOG))
     with pytest.raises(InvalidRequest, match="already in use"):
         server.ask(Generate("Another", request_id="same"))
     first.get(timeout=60)
-    assert (
-        generate(server, "Reused after it finished", max_tokens=2, request_id="same").request_id
-        == "same"
-    )
+    assert generate(server, "Reused after it finished", max_tokens=2, request_id="same").request_id == "same"
 
 
 def test_queue_full(start_server: StartServer) -> None:
@@ -186,9 +179,7 @@ def test_a_raising_receiver_is_logged_and_skipped(
 
 def test_stopping_the_actor_fails_every_pending_caller_at_once(start_server: StartServer) -> None:
     ref = start_server(n_parallel=2)
-    running = [
-        ref.ask(Generate(f"Story {i}", max_tokens=2000, logit_bias=NO_EOG)) for i in range(2)
-    ]
+    running = [ref.ask(Generate(f"Story {i}", max_tokens=2000, logit_bias=NO_EOG)) for i in range(2)]
     queued = [ref.ask(Generate(f"Queued {i}", max_tokens=10)) for i in range(3)]
     q: queue.Queue[Any] = queue.Queue()
     ref.tell(Stream("A stream", reply_to=q, max_tokens=2000, logit_bias=NO_EOG))
@@ -273,8 +264,7 @@ def test_no_kv_space_fails_only_the_request_that_cannot_fit(
     ref = start_server(n_parallel=2, n_ctx=256)
     n_ctx = ref.ask(GetStats())["n_ctx"]
     futures = [
-        ref.ask(Generate(f"List {i}: one, two,", max_tokens=n_ctx, logit_bias=NO_EOG))
-        for i in range(2)
+        ref.ask(Generate(f"List {i}: one, two,", max_tokens=n_ctx, logit_bias=NO_EOG)) for i in range(2)
     ]
     outcomes: list[Any] = []
     for future in futures:

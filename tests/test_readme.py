@@ -50,9 +50,7 @@ def test_every_strategy_in_the_table_is_exported() -> None:
 def test_all_lists_exactly_the_public_names() -> None:
     for module in (actors, strategies, telemetry):
         public = {
-            n
-            for n in vars(module)
-            if not n.startswith("_") and not isinstance(vars(module)[n], type(re))
+            n for n in vars(module) if not n.startswith("_") and not isinstance(vars(module)[n], type(re))
         }
         exported = set(module.__all__)
         assert exported <= set(vars(module)), exported - set(vars(module))

@@ -70,9 +70,7 @@ def test_eight_streams_on_four_slots_batch_their_decodes(
     queues = []
     for i in range(8):
         q: queue.Queue[Any] = queue.Queue()
-        server.tell(
-            Stream(f"Story {i}: once upon a time", reply_to=q, max_tokens=24, temp=0.7, seed=i)
-        )
+        server.tell(Stream(f"Story {i}: once upon a time", reply_to=q, max_tokens=24, temp=0.7, seed=i))
         queues.append(q)
     for q in queues:
         events = drain(q)
@@ -87,9 +85,7 @@ def test_eight_streams_on_four_slots_batch_their_decodes(
     assert all(m["batch_size"] <= 2048 for m, _ in recorder.of("tick"))
 
 
-def test_every_request_has_one_start_and_one_end(
-    server: pykka.ActorRef[Any], recorder: Recorder
-) -> None:
+def test_every_request_has_one_start_and_one_end(server: pykka.ActorRef[Any], recorder: Recorder) -> None:
     futures = [server.ask(Generate(f"Count to {i}", max_tokens=8 + i)) for i in range(6)]
     q: queue.Queue[Any] = queue.Queue()
     cancelled = Stream("A long story:", reply_to=q, max_tokens=200, logit_bias=NO_EOG)
@@ -134,11 +130,7 @@ def test_token_prompts(server: pykka.ActorRef[Any], reference_llama: Any) -> Non
 def test_prefix_cache_reuses_the_first_turn(server: pykka.ActorRef[Any]) -> None:
     first = "<|im_start|>user\nTell me about cats.<|im_end|>\n<|im_start|>assistant\n"
     one = generate(server, first, max_tokens=30, temp=0)
-    second = (
-        first
-        + one.text
-        + "<|im_end|>\n<|im_start|>user\nAnd dogs?<|im_end|>\n<|im_start|>assistant\n"
-    )
+    second = first + one.text + "<|im_end|>\n<|im_start|>user\nAnd dogs?<|im_end|>\n<|im_start|>assistant\n"
     two = generate(server, second, max_tokens=10, temp=0)
     assert two.prefix_cache_tokens >= one.prompt_tokens
     again = generate(server, second, max_tokens=10, temp=0)  # an exact repeat finishes
@@ -183,9 +175,7 @@ def test_stream_helper_joins_to_the_completion_and_closing_early_cancels(
 ) -> None:
     pieces = list(stream(server, "The weather today is", max_tokens=16, temp=0))
     assert "".join(pieces) == generate(server, "The weather today is", max_tokens=16, temp=0).text
-    iterator = stream(
-        server, "An endless list of numbers: 1, 2,", max_tokens=1000, logit_bias=NO_EOG
-    )
+    iterator = stream(server, "An endless list of numbers: 1, 2,", max_tokens=1000, logit_bias=NO_EOG)
     next(iterator)
     iterator.close()
     deadline = time.monotonic() + 10
@@ -199,9 +189,7 @@ def test_a_stream_whose_consumer_is_gone_is_cancelled(server: pykka.ActorRef[Any
     full: queue.Queue[Any] = queue.Queue(maxsize=2)
     server.tell(Stream("Nobody reads this", reply_to=full, max_tokens=500, logit_bias=NO_EOG))
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (
-        full.qsize() < 2 or server.ask(GetStats())["active_slots"]
-    ):
+    while time.monotonic() < deadline and (full.qsize() < 2 or server.ask(GetStats())["active_slots"]):
         time.sleep(0.02)
     assert server.ask(GetStats())["active_slots"] == 0
     assert generate(server, "Still serving?", max_tokens=3, logit_bias=NO_EOG).generated_tokens == 3

@@ -1,0 +1,52 @@
+"""Each bench script runs at a tiny size, so it cannot rot (no timing is asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def run(script: str, out: Path, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / script), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.timeout(450)
+def test_throughput(tmp_path: Path) -> None:
+    out = run(
+        "throughput.py", tmp_path, "--levels", "1,2", "--max-tokens", "4", "--rounds", "1",
+        "--systems", "engine,llama-lock,bare-loop",
+    )  # fmt: skip
+    table = (tmp_path / "throughput.md").read_text()
+    for system in ("engine", "llama-lock", "bare-loop"):
+        assert f"| {system} | 2 |" in table
+    assert "tok/s vs bare-loop" in out
+    assert (tmp_path / "throughput.png").stat().st_size > 10_000
+
+
+@pytest.mark.timeout(450)
+def test_strategies(tmp_path: Path) -> None:
+    run("strategies.py", tmp_path, "--quick")
+    table = (tmp_path / "strategies.md").read_text()
+    for name in ("DecodeMaximal", "PrefillPriority", "Balanced"):
+        assert f"| {name} |" in table
+    assert (tmp_path / "strategies.png").exists()
+
+
+@pytest.mark.timeout(450)
+def test_scaling(tmp_path: Path) -> None:
+    run("scaling.py", tmp_path, "--quick")
+    assert "Fitted slopes" in (tmp_path / "scaling.md").read_text()
+    assert (tmp_path / "scaling.png").exists()
