@@ -190,10 +190,16 @@ class LlamaBackend:
         logit_bias: dict[int, float] | None,
         history: list[int],
     ) -> Any:
-        """Build a sampler chain for one request; raises ``InvalidRequest`` on a bad grammar.
+        """Build a sampler for one request; raises ``InvalidRequest`` on a bad grammar.
 
-        ``history`` is the prompt: its tail feeds the repetition penalties.
+        ``history`` is the prompt: its tail feeds the repetition penalties. Plain greedy
+        sampling (no penalties, no grammar) skips llama.cpp's sampler chain, which
+        copies the whole vocabulary into a candidate array for every token: an argmax
+        over a numpy view of the logits picks the same token (the first maximum).
         """
+        penalties_off = params.penalty_repeat == 1.0 and not params.penalty_freq and not params.penalty_present
+        if params.temp == 0 and params.grammar is None and penalties_off:
+            return _Greedy(logit_bias)
         chain = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
         try:
             if logit_bias:
@@ -204,7 +210,7 @@ class LlamaBackend:
                 _lc.llama_sampler_chain_add(
                     chain, _lc.llama_sampler_init_logit_bias(self.n_vocab, len(logit_bias), biases)
                 )
-            if params.penalty_repeat != 1.0 or params.penalty_freq or params.penalty_present:
+            if not penalties_off:
                 last_n = self.n_ctx if params.penalty_last_n == -1 else params.penalty_last_n
                 penalties = _lc.llama_sampler_init_penalties(
                     last_n, params.penalty_repeat, params.penalty_freq, params.penalty_present
@@ -236,12 +242,16 @@ class LlamaBackend:
 
     def sample(self, sampler: Any, index: int) -> int:
         """Sample (and accept) a token from the logits of batch row ``index``."""
+        if isinstance(sampler, _Greedy):
+            logits = np.ctypeslib.as_array(_lc.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
+            return sampler.pick(logits)
         return int(_lc.llama_sampler_sample(sampler, self._ctx, index))
 
     @staticmethod
     def free_sampler(sampler: Any) -> None:
-        """Free a chain made by :meth:`make_sampler`."""
-        _lc.llama_sampler_free(sampler)
+        """Free a sampler made by :meth:`make_sampler`."""
+        if not isinstance(sampler, _Greedy):
+            _lc.llama_sampler_free(sampler)
 
     # -- KV memory ---------------------------------------------------------------
 
@@ -296,6 +306,22 @@ class LlamaBackend:
         if self._model:
             _lc.llama_model_free(self._model)
             self._model = None
+
+
+class _Greedy:
+    """Greedy sampling with optional logit biases, in numpy (no llama.cpp state)."""
+
+    __slots__ = ("_bias_ids", "_bias_values")
+
+    def __init__(self, logit_bias: dict[int, float] | None) -> None:
+        self._bias_ids = np.fromiter(logit_bias or (), dtype=np.intp)
+        self._bias_values = np.fromiter((logit_bias or {}).values(), dtype=np.float32)
+
+    def pick(self, logits: npt.NDArray[np.float32]) -> int:
+        if self._bias_ids.size:
+            logits = logits.copy()
+            logits[self._bias_ids] += self._bias_values
+        return int(np.argmax(logits))
 
 
 def default_n_threads() -> int:
