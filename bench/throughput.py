@@ -17,6 +17,8 @@ Writes ``bench/results/throughput.md`` and ``throughput.png``.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,26 +54,45 @@ def measure(
     systems: list[str], levels: list[int], rounds: int, max_tokens: int, n_ctx: int, n_threads: int
 ) -> dict[tuple[str, int], Measurement]:
     results: dict[tuple[str, int], Measurement] = {}
-    model = default_model_path()
     for c in levels:
         for r in range(rounds):
             order = systems[r % len(systems) :] + systems[: r % len(systems)]
             if r % 2:
                 order.reverse()
             for name in order:
-                system = ALL[name](model, n_ctx, n_threads)
-                system.start(c)
-                try:
-                    system.run(prompts(c, f"warm{r}{name}"), 2)  # first-touch costs out of the timing
-                    m = system.run(prompts(c, f"{c}.{r}.{name}"), max_tokens)
-                finally:
-                    system.stop()
+                m = run_in_child(name, c, f"{c}.{r}.{name}", max_tokens, n_ctx, n_threads)
                 results.setdefault((name, c), Measurement(name, c)).add(m)
-                print(
-                    f"  c={c:2d} round {r + 1}/{rounds} {name:15s} {m.tokens_per_s:7.1f} tok/s",
-                    flush=True,
-                )
+                print(f"  c={c:2d} round {r + 1}/{rounds} {name:15s} {m.tokens_per_s:7.1f} tok/s", flush=True)
     return results
+
+
+def run_in_child(name: str, c: int, tag: str, max_tokens: int, n_ctx: int, n_threads: int) -> Measurement:
+    """Measure one system in a fresh process.
+
+    In-process systems must not share a process: once one thread of a process has run
+    llama.cpp with an OpenMP team, libgomp counts that idle team against the cores
+    and throttles every later team to sleeping waits (measured here: 3x slower).
+    """
+    command = [
+        sys.executable, __file__, "--child", name, "--levels", str(c), "--tag", tag,
+        "--max-tokens", str(max_tokens), "--n-ctx", str(n_ctx), "--n-threads", str(n_threads),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} at concurrency {c} failed:\n{result.stderr[-3000:]}")
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    return Measurement(name, c, data["tokens"], data["wall_s"], data["ttft_ms"], data["itl_ms"])
+
+
+def child(name: str, c: int, tag: str, max_tokens: int, n_ctx: int, n_threads: int) -> None:
+    system = ALL[name](default_model_path(), n_ctx, n_threads)
+    system.start(c)
+    try:
+        system.run(prompts(c, f"warm.{tag}"), 2)  # first-touch costs out of the timing
+        m = system.run(prompts(c, tag), max_tokens)
+    finally:
+        system.stop()
+    print(json.dumps({"tokens": m.tokens, "wall_s": m.wall_s, "ttft_ms": m.ttft_ms, "itl_ms": m.itl_ms}))
 
 
 def ratios(results: dict[tuple[str, int], Measurement], levels: list[int], peers: list[str]) -> str:
@@ -128,7 +149,12 @@ def main() -> None:
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--n-threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .png go")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--tag", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child, int(args.levels), args.tag, args.max_tokens, args.n_ctx, args.n_threads)
+        return
 
     levels = [int(x) for x in args.levels.split(",")]
     systems = available([s for s in args.systems.split(",") if s])

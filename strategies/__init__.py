@@ -7,9 +7,10 @@ see ``examples/custom_strategy.py``.
 from __future__ import annotations
 
 from strategies._base import BatchPlan, BatchStrategy, SlotPlan, SlotState, SlotView
-from strategies._builtin import Balanced, DecodeMaximal, PrefillPriority
+from strategies._builtin import Adaptive, Balanced, DecodeMaximal, PrefillPriority
 
 __all__ = [
+    "Adaptive",
     "Balanced",
     "BatchPlan",
     "BatchStrategy",

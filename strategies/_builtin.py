@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from strategies._base import BatchPlan, BatchStrategy, SlotPlan, SlotView
 
-__all__ = ["Balanced", "DecodeMaximal", "PrefillPriority"]
+__all__ = ["Adaptive", "Balanced", "DecodeMaximal", "PrefillPriority"]
 
 
 def _oldest_first(slots: Sequence[SlotView]) -> list[SlotView]:
@@ -96,3 +96,33 @@ class Balanced(BatchStrategy):
         left = budget - quota - sum(prefill.values())
         decode = all_decoders[: quota + max(left, 0)]
         return _plan(ordered, set(decode), prefill)
+
+
+class Adaptive(BatchStrategy):
+    """Decode first; while anything decodes, prefill at most ``prefill_per_tick`` tokens.
+
+    The built-ins let a long prompt fill the whole budget (``n_batch``), and a tick's
+    time grows with its batch: on a CPU a 2,000-token tick takes seconds, and every
+    running request waits that long for its next token. Capping the prefill share
+    while requests are decoding bounds their inter-token latency; with nothing to
+    decode, prompts get the full budget. ``bench/strategies.py`` measures the trade.
+    """
+
+    def __init__(self, prefill_per_tick: int = 128) -> None:
+        if prefill_per_tick < 1:
+            raise ValueError("prefill_per_tick must be >= 1")
+        self.prefill_per_tick = prefill_per_tick
+
+    def build_batch(
+        self, slots: Sequence[SlotView], budget: int, chunk_size: int, *, queue_depth: int
+    ) -> BatchPlan:
+        ordered = _oldest_first(slots)
+        decode = _decoders(ordered, budget)
+        prefill_budget = budget - len(decode)
+        if decode:
+            prefill_budget = min(prefill_budget, self.prefill_per_tick)
+        prefill = _prefills(ordered, prefill_budget, chunk_size)
+        return _plan(ordered, set(decode), prefill)
+
+    def __repr__(self) -> str:
+        return f"Adaptive(prefill_per_tick={self.prefill_per_tick})"

@@ -42,7 +42,7 @@ def test_every_signal_in_the_table_exists_with_its_name() -> None:
 def test_every_strategy_in_the_table_is_exported() -> None:
     section = README.split("## Batch strategies")[1].split("## Telemetry")[0]
     names = re.findall(r"^\| `(\w+)\(\)`", section, re.MULTILINE)
-    assert names == ["DecodeMaximal", "PrefillPriority", "Balanced"]
+    assert names == ["DecodeMaximal", "PrefillPriority", "Balanced", "Adaptive"]
     for name in names:
         assert name in strategies.__all__
 

@@ -9,7 +9,7 @@ import pytest
 import strategies
 from strategies import BatchPlan, BatchStrategy, SlotPlan, SlotState, SlotView
 
-ALL = [strategies.DecodeMaximal(), strategies.PrefillPriority(), strategies.Balanced()]
+ALL = [strategies.DecodeMaximal(), strategies.PrefillPriority(), strategies.Balanced(), strategies.Adaptive(64)]
 
 
 def decoding(seq_id: int, arrival: int) -> SlotView:
@@ -50,8 +50,11 @@ def test_budget_chunk_size_and_pending_tokens_are_respected(
         view = next(v for v in views if v.seq_id == entry.seq_id)
         assert not entry.decode or view.has_pending_token
         assert 0 <= entry.prefill_tokens <= min(chunk_size, view.prefill_remaining)
-    # Work-conserving: a budget that covers all the work is used in full.
+    # Work-conserving: a budget that covers all the work is used in full
+    # (Adaptive holds prefill back on purpose while requests decode).
     work = 3 + min(chunk_size, 900) + min(chunk_size, 100)
+    if isinstance(strategy, strategies.Adaptive):
+        work = 3 + min(work - 3, strategy.prefill_per_tick)
     assert plan.num_tokens == min(budget, work)
 
 
@@ -100,3 +103,15 @@ def test_balanced_gives_unused_prefill_budget_back_to_decode() -> None:
 @pytest.mark.parametrize("strategy", ALL, ids=repr)
 def test_no_slots_gives_an_empty_plan(strategy: BatchStrategy) -> None:
     assert strategy.build_batch([], 512, 512, queue_depth=0) == BatchPlan()
+
+
+def test_adaptive_caps_prefill_only_while_something_decodes() -> None:
+    adaptive = strategies.Adaptive(prefill_per_tick=64)
+    plan = by_seq(adaptive.build_batch(MIXED, 2048, 512, queue_depth=0))
+    assert all(plan[s].decode for s in (0, 2, 4))
+    assert plan[3].prefill_tokens == 64 and 1 not in plan
+    only_prompts = [v for v in MIXED if not v.has_pending_token]
+    plan = by_seq(adaptive.build_batch(only_prompts, 2048, 512, queue_depth=0))
+    assert plan[3].prefill_tokens == 100 and plan[1].prefill_tokens == 512
+    with pytest.raises(ValueError):
+        strategies.Adaptive(0)
