@@ -93,6 +93,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self._arrays = BatchArrays(backend.tokens, backend.pos, backend.seq_ids, backend.logits)
+        self._eval_s = 0.0  # time inside llama_decode this tick
 
     # -- admission -----------------------------------------------------------------
 
@@ -194,9 +195,9 @@ class Engine:
             return
         segments = lay_out(plan, busy, self._arrays)
         n_tokens = segments[-1].end if segments else 0
-        t0 = time.perf_counter()
+        self._eval_s = 0.0
         self._forward(segments, purge_allowed=True)
-        eval_ms = (time.perf_counter() - t0) * 1000.0
+        eval_ms = self._eval_s * 1000.0
         if telemetry.tick.receivers:
             n_decode = sum(1 for s in segments if s.decode)
             telemetry.emit(
@@ -259,7 +260,9 @@ class Engine:
                 self._forward(run, purge_allowed=purge_allowed)
             return
         start, end = live[0].start, live[-1].end
+        t0 = time.perf_counter()
         code = self.backend.decode(start, end)
+        self._eval_s += time.perf_counter() - t0
         if code == _DECODE_OK:
             self._commit(live, start)
         elif code == _DECODE_NO_KV_SPACE:

@@ -27,7 +27,7 @@ signal                 measurements                                  metadata
                                                                      ``reason``
 =====================  ============================================  =======================
 
-Units: ``*_ms`` are milliseconds; rates are tokens per second; ``mode`` is
+Units: ``*_ms`` are milliseconds (``eval_ms`` is the time inside ``llama_decode``); rates are tokens per second; ``mode`` is
 ``"generate"`` or ``"stream"``; ``prefix_cache_ratio`` is ``prefix_cache_tokens /
 prompt_tokens``; ``reason`` is the error's message.
 """
