@@ -197,7 +197,9 @@ class LlamaBackend:
         copies the whole vocabulary into a candidate array for every token: an argmax
         over a numpy view of the logits picks the same token (the first maximum).
         """
-        penalties_off = params.penalty_repeat == 1.0 and not params.penalty_freq and not params.penalty_present
+        penalties_off = (
+            params.penalty_repeat == 1.0 and not params.penalty_freq and not params.penalty_present
+        )
         if params.temp == 0 and params.grammar is None and penalties_off:
             return _Greedy(logit_bias)
         chain = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())

@@ -27,9 +27,10 @@ signal                 measurements                                  metadata
                                                                      ``reason``
 =====================  ============================================  =======================
 
-Units: ``*_ms`` are milliseconds (``eval_ms`` is the time inside ``llama_decode``); rates are tokens per second; ``mode`` is
-``"generate"`` or ``"stream"``; ``prefix_cache_ratio`` is ``prefix_cache_tokens /
-prompt_tokens``; ``reason`` is the error's message.
+Units: ``*_ms`` are milliseconds (``eval_ms`` is the time inside ``llama_decode``);
+rates are tokens per second; ``mode`` is ``"generate"`` or ``"stream"``;
+``prefix_cache_ratio`` is ``prefix_cache_tokens / prompt_tokens``; ``reason`` is the
+error's message.
 """
 
 from __future__ import annotations

@@ -9,7 +9,12 @@ import pytest
 import strategies
 from strategies import BatchPlan, BatchStrategy, SlotPlan, SlotState, SlotView
 
-ALL = [strategies.DecodeMaximal(), strategies.PrefillPriority(), strategies.Balanced(), strategies.Adaptive(64)]
+ALL = [
+    strategies.DecodeMaximal(),
+    strategies.PrefillPriority(),
+    strategies.Balanced(),
+    strategies.Adaptive(64),
+]
 
 
 def decoding(seq_id: int, arrival: int) -> SlotView:
