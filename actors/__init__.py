@@ -19,30 +19,31 @@ from actors._errors import (
     RequestTimeout,
     StrategyError,
 )
-from actors._helpers import generate, stream
+from actors._helpers import chat, generate, stream, stream_chat
 from actors._messages import (
     Cancel,
-    Completion,
-    Done,
-    Failed,
+    Chat,
     Generate,
     GenerateTokens,
     GetInfo,
     GetStats,
+    GetTokenizer,
     ReplyTo,
     SamplingParams,
-    StopReason,
     Stream,
+    StreamChat,
     StreamTokens,
-    Token,
 )
 from actors._model import default_model_path
+from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
 from actors._server import ServerActor
+from actors._tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Cancel",
+    "Chat",
     "Completion",
     "ConfigError",
     "DecodeError",
@@ -54,6 +55,7 @@ __all__ = [
     "GenerateTokens",
     "GetInfo",
     "GetStats",
+    "GetTokenizer",
     "InvalidRequest",
     "ModelLoadError",
     "QueueFull",
@@ -64,10 +66,16 @@ __all__ = [
     "StopReason",
     "StrategyError",
     "Stream",
+    "StreamChat",
     "StreamTokens",
     "Token",
+    "TokenLogprob",
+    "Tokenizer",
+    "TopLogprob",
     "__version__",
+    "chat",
     "default_model_path",
     "generate",
     "stream",
+    "stream_chat",
 ]

@@ -9,6 +9,7 @@ emit ``tick``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -21,18 +22,9 @@ import telemetry
 from actors._batch import BatchArrays, Segment, check_plan, lay_out
 from actors._errors import DecodeError, EngineError, InvalidRequest, QueueFull, StrategyError
 from actors._llama import LlamaBackend
-from actors._messages import (
-    Completion,
-    Done,
-    Failed,
-    Generate,
-    GenerateTokens,
-    ReplyTo,
-    RequestMessage,
-    SamplingParams,
-    StopReason,
-    Token,
-)
+from actors._messages import STREAMING, Chat, ReplyTo, RequestMessage, SamplingParams, StreamChat
+from actors._output import TextStream
+from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
 from actors._slots import Request, Slot, choose_slot
 from strategies import BatchPlan, BatchStrategy, SlotState
 
@@ -117,19 +109,9 @@ class Engine:
         backend = self.backend
         if message.request_id in self.requests:
             raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
-        if isinstance(message, Generate | GenerateTokens) == (reply_to is not None):
+        if isinstance(message, STREAMING) != (reply_to is not None):
             raise InvalidRequest("internal: reply path does not match the message")
-        if hasattr(message, "prompt"):
-            prompt = backend.tokenize(message.prompt)
-            if not prompt:
-                raise InvalidRequest("prompt tokenizes to nothing")
-        else:
-            prompt = list(message.tokens)
-            bad = [t for t in prompt if t >= backend.n_vocab]
-            if bad:
-                raise InvalidRequest(
-                    f"token id {bad[0]} is outside the vocabulary (n_vocab={backend.n_vocab})"
-                )
+        prompt = self._prompt_tokens(message)
         if len(prompt) + 1 > backend.n_ctx:
             raise InvalidRequest(
                 f"prompt of {len(prompt)} tokens cannot fit the context (n_ctx={backend.n_ctx})"
@@ -141,14 +123,38 @@ class Engine:
         if not free and len(self.waiting) >= self.config.max_queue:
             raise QueueFull(f"all {len(self.slots)} slots busy and {len(self.waiting)} requests waiting")
         params = self.config.defaults.merged(message)
+        if message.json_schema is not None:
+            params = dataclasses.replace(params, grammar=backend.json_schema_grammar(message.json_schema))
         sampler = backend.make_sampler(params, bias, prompt)
         self._arrivals += 1
         request = Request(message, prompt, params, self._arrivals, sampler, future, reply_to)
+        request.text = TextStream(message.stop or (), message.min_tokens)
+        if message.logprobs is not None:
+            request.logprobs = []
         self.requests[request.request_id] = request
         if free and not self.waiting:
             self._start(request, free)
         else:
             self.waiting.append(request)
+
+    def _prompt_tokens(self, message: RequestMessage) -> list[int]:
+        backend = self.backend
+        if isinstance(message, Chat | StreamChat):
+            # As create_chat_completion: the template writes its own BOS, if any.
+            rendered = backend.render_chat([dict(m) for m in message.messages])
+            prompt = backend.tokenize(rendered, add_special=False, parse_special=True)
+        elif hasattr(message, "prompt"):
+            prompt = backend.tokenize(message.prompt)
+        else:
+            prompt = list(message.tokens)
+            bad = [t for t in prompt if t >= backend.n_vocab]
+            if bad:
+                raise InvalidRequest(
+                    f"token id {bad[0]} is outside the vocabulary (n_vocab={backend.n_vocab})"
+                )
+        if not prompt:
+            raise InvalidRequest("prompt tokenizes to nothing")
+        return prompt
 
     def _start(self, request: Request, idle: list[Slot]) -> None:
         """Give ``request`` an idle slot, reusing the longest cached prefix."""
@@ -305,11 +311,29 @@ class Engine:
             else:
                 slot.cached.extend(tokens[segment.start : segment.end].tolist())
             if segment.logits_row >= 0:
-                assert slot.request is not None
-                token = self.backend.sample(slot.request.sampler, segment.logits_row - start)
-                self._on_token(slot, token)
+                self._sample(slot, segment.logits_row - start)
 
-    def _on_token(self, slot: Slot, token: int) -> None:
+    def _sample(self, slot: Slot, index: int) -> None:
+        request = slot.request
+        assert request is not None
+        message = request.message
+        log_softmax = None
+        if request.logprobs is not None:  # from the raw logits, before any ban or bias
+            log_softmax, top = self.backend.logprobs(index, message.logprobs or 0)
+        ban_eog = message.ignore_eos or len(request.token_ids) < message.min_tokens
+        token = self.backend.sample(request.sampler, index, ban_eog=ban_eog)
+        logprob = None
+        if log_softmax is not None and token not in self.backend.eog_ids:
+            piece = self.backend.piece
+            logprob = TokenLogprob(
+                token,
+                piece(token).decode("utf-8", "replace"),
+                float(log_softmax[token]),
+                tuple(TopLogprob(t, piece(t).decode("utf-8", "replace"), lp) for t, lp in top),
+            )
+        self._on_token(slot, token, logprob)
+
+    def _on_token(self, slot: Slot, token: int, logprob: TokenLogprob | None) -> None:
         request = slot.request
         assert request is not None
         now = time.monotonic()
@@ -320,11 +344,17 @@ class Engine:
             self._finish(slot, "eog")
             return
         request.token_ids.append(token)
-        text = request.decoder.decode(self.backend.piece(token))
+        if request.logprobs is not None and logprob is not None:
+            request.logprobs.append(logprob)
+        text, stop = request.text.push(self.backend.piece(token))
         request.pieces.append(text)
-        if request.reply_to is not None and not self._put(request, Token(request.request_id, text, token)):
+        event = Token(request.request_id, text, token, logprob)
+        if request.reply_to is not None and not self._put(request, event):
             return
-        if len(request.token_ids) >= request.message.max_tokens:
+        if stop is not None:
+            request.stop_string = stop
+            self._finish(slot, "stop")
+        elif len(request.token_ids) >= request.message.max_tokens:
             self._finish(slot, "max_tokens")
         elif len(slot.cached) + 1 >= self.backend.n_ctx:
             self._finish(slot, "length")
@@ -362,9 +392,10 @@ class Engine:
     def _close(self, request: Request, stop_reason: StopReason) -> Completion:
         """Forget the request, free its sampler and build its ``Completion``."""
         self._forget(request)
-        tail = request.decoder.decode(b"", final=True)
-        if tail:  # bytes that never completed a character: U+FFFD
-            request.pieces.append(tail)
+        if stop_reason != "stop":  # held-back text, and broken bytes as U+FFFD
+            tail = request.text.flush()
+            if tail:
+                request.pieces.append(tail)
         ttft_ms, duration_ms = self._timings(request)
         return Completion(
             request_id=request.request_id,
@@ -376,6 +407,8 @@ class Engine:
             prefix_cache_tokens=request.prefix_cache_tokens,
             ttft_ms=ttft_ms,
             duration_ms=duration_ms,
+            stop_string=request.stop_string,
+            logprobs=tuple(request.logprobs) if request.logprobs is not None else None,
         )
 
     def _forget(self, request: Request) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pykka
@@ -18,17 +18,16 @@ import pykka
 from actors._errors import EngineStopped, RequestTimeout
 from actors._messages import (
     Cancel,
-    Completion,
-    Done,
-    Failed,
+    Chat,
     Generate,
     GenerateTokens,
     Stream,
+    StreamChat,
     StreamTokens,
-    Token,
 )
+from actors._results import Completion, Done, Failed, Token
 
-__all__ = ["generate", "stream"]
+__all__ = ["chat", "generate", "stream", "stream_chat"]
 
 T = TypeVar("T")
 
@@ -68,6 +67,27 @@ def generate(
         InvalidRequest, QueueFull: at admission. EngineError: the request failed.
     """
     message = Generate(prompt, **options) if isinstance(prompt, str) else GenerateTokens(prompt, **options)
+    return _complete(ref, message, timeout)
+
+
+def chat(
+    ref: pykka.ActorRef[Any],
+    messages: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None = None,
+    **options: Any,
+) -> Completion:
+    """Complete a conversation (rendered with the model's chat template) and wait.
+
+    ``messages`` are ``{"role": "system" | "user" | "assistant", "content": str}``
+    dicts; everything else is as :func:`generate`.
+    """
+    return _complete(ref, Chat(messages, **options), timeout)
+
+
+def _complete(
+    ref: pykka.ActorRef[Any], message: Generate | GenerateTokens | Chat, timeout: float | None
+) -> Completion:
     future = _ask(ref, message)
     try:
         completion: Completion = _wait_for(
@@ -127,15 +147,28 @@ def stream(
     """
     events: queue.Queue[Token | Done | Failed] = queue.Queue()
     if isinstance(prompt, str):
-        message: Stream | StreamTokens = Stream(prompt, reply_to=events, **options)
+        message: Stream | StreamTokens | StreamChat = Stream(prompt, reply_to=events, **options)
     else:
         message = StreamTokens(prompt, reply_to=events, **options)
     return _stream_events(ref, message, events, timeout)
 
 
+def stream_chat(
+    ref: pykka.ActorRef[Any],
+    messages: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None = None,
+    **options: Any,
+) -> Iterator[str]:
+    """Stream the reply to a conversation piece by piece; as :func:`stream` otherwise."""
+    events: queue.Queue[Token | Done | Failed] = queue.Queue()
+    message = StreamChat(messages, reply_to=events, **options)
+    return _stream_events(ref, message, events, timeout)
+
+
 def _stream_events(
     ref: pykka.ActorRef[Any],
-    message: Stream | StreamTokens,
+    message: Stream | StreamTokens | StreamChat,
     events: queue.Queue[Token | Done | Failed],
     timeout: float | None,
 ) -> Iterator[str]:

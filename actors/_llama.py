@@ -10,6 +10,7 @@ it reaches :meth:`LlamaBackend.decode`.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import math
 import os
@@ -20,8 +21,10 @@ from typing import Any
 import llama_cpp as _lc
 import numpy as np
 import numpy.typing as npt
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from actors._errors import InvalidRequest, ModelLoadError
+from actors._errors import EngineStopped, InvalidRequest, ModelLoadError
 from actors._messages import SamplingParams
 
 __all__ = ["BackendOptions", "LlamaBackend", "default_n_threads", "llama_cpp_version"]
@@ -139,9 +142,49 @@ class LlamaBackend:
         self.eog_ids: frozenset[int] = frozenset(
             t for t in range(self.n_vocab) if _lc.llama_vocab_is_eog(self._vocab, t)
         )
+        self.eog_array = np.fromiter(sorted(self.eog_ids), dtype=np.intp)
         self._pieces: list[bytes | None] = [None] * self.n_vocab
-        self._piece_buf = threading.local()
+        self._piece_buf = ctypes.create_string_buffer(256)
+        # Callers' threads tokenize through an actors.Tokenizer; close() takes this
+        # lock so the vocabulary is never freed under a running tokenize.
+        self._vocab_lock = threading.Lock()
+        self._chat = self._chat_formatter()
         self._init_batch(self.n_batch)
+
+    def _chat_formatter(self) -> Jinja2ChatFormatter | None:
+        # The same formatter llama_cpp.Llama builds from the GGUF metadata, so chat
+        # prompts render (and so tokenize) exactly as create_chat_completion's do.
+        template = _lc.llama_model_chat_template(self._model, None)
+        if not template:
+            return None
+
+        def text(token: int) -> str:
+            return (
+                "" if token == -1 else _lc.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+            )
+
+        return Jinja2ChatFormatter(
+            template=template.decode("utf-8"),
+            eos_token=text(_lc.llama_vocab_eos(self._vocab)),
+            bos_token=text(self._bos),
+        )
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The prompt for ``messages`` under the model's chat template (actor thread)."""
+        if self._chat is None:
+            raise InvalidRequest("the model has no chat template")
+        try:
+            return str(self._chat(messages=messages).prompt)  # type: ignore[arg-type]
+        except Exception as e:  # the template's raise_exception, or a Jinja error
+            raise InvalidRequest(f"the chat template refused these messages: {e}") from None
+
+    @staticmethod
+    def json_schema_grammar(schema: object) -> str:
+        """A GBNF grammar that admits exactly the JSON documents valid under ``schema``."""
+        try:
+            return str(json_schema_to_gbnf(json.dumps(schema)))
+        except Exception as e:
+            raise InvalidRequest(f"json_schema cannot be converted to a grammar: {e!r}") from None
 
     # -- the batch ---------------------------------------------------------------
 
@@ -242,12 +285,38 @@ class LlamaBackend:
             raise
         return chain
 
-    def sample(self, sampler: Any, index: int) -> int:
-        """Sample (and accept) a token from the logits of batch row ``index``."""
-        if isinstance(sampler, _Greedy):
-            logits = np.ctypeslib.as_array(_lc.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
-            return sampler.pick(logits)
+    def _logits(self, index: int) -> npt.NDArray[np.float32]:
+        """A writable numpy view of batch row ``index``'s logits in llama.cpp's buffer."""
+        return np.ctypeslib.as_array(_lc.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
+
+    def sample(self, sampler: Any, index: int, *, ban_eog: bool = False) -> int:
+        """Sample (and accept) a token from the logits of batch row ``index``.
+
+        ``ban_eog`` makes every end-of-generation token impossible (``min_tokens``,
+        ``ignore_eos``) by writing -inf over its logit before the sampler reads it.
+        """
+        if ban_eog or isinstance(sampler, _Greedy):
+            logits = self._logits(index)
+            if ban_eog:
+                logits[self.eog_array] = -np.inf
+            if isinstance(sampler, _Greedy):
+                return sampler.pick(logits)
         return int(_lc.llama_sampler_sample(sampler, self._ctx, index))
+
+    def logprobs(self, index: int, k: int) -> tuple[npt.NDArray[np.float64], list[tuple[int, float]]]:
+        """Log-softmax of row ``index``'s raw logits, and its ``k`` largest entries.
+
+        Call before :meth:`sample`, which may overwrite banned logits.
+        """
+        logits = self._logits(index).astype(np.float64)
+        top = logits.max()
+        log_softmax = logits - (top + np.log(np.exp(logits - top).sum()))
+        best: list[tuple[int, float]] = []
+        if k > 0:
+            ids = np.argpartition(log_softmax, -k)[-k:]
+            ids = ids[np.argsort(-log_softmax[ids], kind="stable")]
+            best = [(int(i), float(log_softmax[i])) for i in ids]
+        return log_softmax, best
 
     @staticmethod
     def free_sampler(sampler: Any) -> None:
@@ -267,41 +336,74 @@ class LlamaBackend:
 
     # -- vocabulary (thread-safe) -----------------------------------------------
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Tokenize as ``llama_cpp.Llama.create_completion`` does (thread-safe).
 
-        BOS when the model's metadata asks for it, special tokens parsed.
+        ``add_special``: a BOS token when the model's metadata asks for one;
+        ``parse_special``: special tokens such as ``<|im_start|>`` written in the text
+        become their ids.
         """
         data = text.encode("utf-8")
         capacity = len(data) + 8
-        while True:
-            buf = (_lc.llama_token * capacity)()
-            n = _lc.llama_tokenize(self._vocab, data, len(data), buf, capacity, False, True)
-            if n >= 0:
-                break
-            capacity = -n
+        with self._vocab_lock:
+            self._check_open()
+            while True:
+                buf = (_lc.llama_token * capacity)()
+                n = _lc.llama_tokenize(self._vocab, data, len(data), buf, capacity, False, parse_special)
+                if n >= 0:
+                    break
+                capacity = -n
         tokens = list(buf[:n])
-        return [self._bos, *tokens] if self._add_bos else tokens
+        return [self._bos, *tokens] if add_special and self._add_bos else tokens
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Text of ``tokens``, special tokens rendered (thread-safe); bad bytes become U+FFFD."""
+        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (n_vocab={self.n_vocab})")
+        ids = (_lc.llama_token * max(len(tokens), 1))(*tokens)
+        capacity = 8 * len(tokens) + 16
+        with self._vocab_lock:
+            self._check_open()
+            while True:
+                buf = ctypes.create_string_buffer(capacity)
+                n = _lc.llama_detokenize(self._vocab, ids, len(tokens), buf, capacity, False, True)
+                if n >= 0:
+                    break
+                capacity = -n
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def _check_open(self) -> None:
+        if not self._model:
+            raise EngineStopped("the model was unloaded (its engine stopped)")
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token as generated text (special tokens render empty)."""
         cached = self._pieces[token]
         if cached is None:
-            buf = getattr(self._piece_buf, "buf", None)
-            if buf is None:
-                buf = self._piece_buf.buf = ctypes.create_string_buffer(256)
+            return self._load_piece(token)
+        return cached
+
+    def _load_piece(self, token: int) -> bytes:
+        with self._vocab_lock:
+            self._check_open()
+            buf = self._piece_buf
             n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
             if n < 0:  # a piece longer than the buffer: -n is the size it needs
                 buf = ctypes.create_string_buffer(-n)
                 n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            cached = buf.raw[: max(n, 0)]
-            self._pieces[token] = cached
-        return cached
+        piece: bytes = buf.raw[: max(n, 0)]
+        self._pieces[token] = piece
+        return piece
 
     # -- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:
         """Free the context and the model (actor thread, once)."""
+        with self._vocab_lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._ctx:
             _lc.llama_free(self._ctx)
             self._ctx = None

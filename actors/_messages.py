@@ -8,6 +8,7 @@ actor thread.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -15,30 +16,36 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
-from actors._errors import EngineError, InvalidRequest
+from actors._errors import InvalidRequest
 
 __all__ = [
+    "MAX_LOGPROBS",
+    "MAX_STOP_LENGTH",
+    "MAX_STOP_STRINGS",
+    "ROLES",
     "Cancel",
-    "Completion",
-    "Done",
-    "Failed",
+    "Chat",
     "Generate",
     "GenerateTokens",
     "GetInfo",
     "GetStats",
+    "GetTokenizer",
     "ReplyTo",
+    "RequestMessage",
     "SamplingParams",
-    "StopReason",
     "Stream",
+    "StreamChat",
     "StreamTokens",
-    "Token",
 ]
 
-StopReason = Literal["eog", "max_tokens", "length", "cancelled"]
-"""Why a request finished: an end-of-generation token, ``max_tokens`` reached, the
-context window full (``length``), or cancelled."""
-
 _SEED_MAX = 2**32 - 1
+MAX_LOGPROBS = 20
+"""The most alternatives ``logprobs=k`` may ask for per token."""
+MAX_STOP_STRINGS = 32
+MAX_STOP_LENGTH = 256
+"""Stop strings per request, and characters per stop string, at most."""
+ROLES = frozenset({"system", "user", "assistant"})
+"""The roles a chat message may have."""
 
 
 class ReplyTo(Protocol):
@@ -146,6 +153,11 @@ class _RequestMessage:
     penalty_freq: float | None = None
     penalty_present: float | None = None
     grammar: str | None = None
+    json_schema: Mapping[str, Any] | None = None
+    stop: Sequence[str] | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None
 
     def _check_options(self) -> None:
         _require(
@@ -171,6 +183,32 @@ class _RequestMessage:
                     f"logit_bias[{token}] must be a finite number or -inf, got {bias!r}",
                 )
             object.__setattr__(self, "logit_bias", MappingProxyType(dict(self.logit_bias)))
+        if self.json_schema is not None:
+            _require(isinstance(self.json_schema, Mapping), "json_schema must be a dict (a JSON Schema)")
+            _require(self.grammar is None, "give json_schema or grammar, not both")
+            try:
+                json.dumps(self.json_schema)
+            except (TypeError, ValueError) as e:
+                raise InvalidRequest(f"json_schema is not JSON: {e}") from None
+        if self.stop is not None:
+            _require(
+                isinstance(self.stop, Sequence) and not isinstance(self.stop, str | bytes),
+                "stop must be a list of strings",
+            )
+            _require(len(self.stop) <= MAX_STOP_STRINGS, f"stop takes at most {MAX_STOP_STRINGS} strings")
+            for s in self.stop:
+                _require(isinstance(s, str) and s != "", f"stop strings must be non-empty str, got {s!r}")
+                _require(
+                    len(s) <= MAX_STOP_LENGTH, f"a stop string may have at most {MAX_STOP_LENGTH} characters"
+                )
+            object.__setattr__(self, "stop", tuple(self.stop))
+        _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens must be an int >= 0")
+        _require(isinstance(self.ignore_eos, bool), "ignore_eos must be a bool")
+        if self.logprobs is not None:
+            _require(
+                _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
+                f"logprobs must be an int within [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+            )
 
     @property
     def mode(self) -> Literal["generate", "stream"]:
@@ -250,7 +288,49 @@ class StreamTokens(_RequestMessage):
         _RequestMessage._check_options(self)
 
 
-RequestMessage = Generate | GenerateTokens | Stream | StreamTokens
+def _checked_chat(messages: object) -> tuple[Mapping[str, str], ...]:
+    _require(
+        isinstance(messages, Sequence) and not isinstance(messages, str | bytes),
+        "messages must be a list of {'role': ..., 'content': ...} dicts",
+    )
+    assert isinstance(messages, Sequence)
+    _require(len(messages) > 0, "messages must not be empty")
+    checked = []
+    for message in messages:
+        _require(isinstance(message, Mapping), f"a chat message must be a dict, got {message!r}")
+        role, content = message.get("role"), message.get("content")
+        _require(role in ROLES, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
+        _require(isinstance(content, str), f"a {role} message needs a str content")
+        checked.append(MappingProxyType({"role": role, "content": content}))
+    return tuple(checked)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chat(_RequestMessage):
+    """Complete a conversation rendered with the model's own chat template; ``ask`` returns a Future."""
+
+    messages: Sequence[Mapping[str, str]] = field(kw_only=False)  # stored as a tuple
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "messages", _checked_chat(self.messages))
+        _RequestMessage._check_options(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamChat(_RequestMessage):
+    """Like ``Chat``, streaming ``Token`` events then one ``Done``/``Failed`` to ``reply_to``."""
+
+    messages: Sequence[Mapping[str, str]] = field(kw_only=False)  # stored as a tuple
+    reply_to: ReplyTo
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "messages", _checked_chat(self.messages))
+        _check_reply_to(self.reply_to)
+        _RequestMessage._check_options(self)
+
+
+RequestMessage = Generate | GenerateTokens | Chat | Stream | StreamTokens | StreamChat
+STREAMING = (Stream, StreamTokens, StreamChat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,45 +351,5 @@ class GetInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class Completion:
-    """The result of one request.
-
-    ``ttft_ms`` is the time from admission to the first generated token (equal to
-    ``duration_ms`` when none came); ``prefix_cache_tokens`` prompt tokens were
-    reused from the KV cache instead of being decoded.
-    """
-
-    request_id: str
-    text: str
-    token_ids: tuple[int, ...]
-    stop_reason: StopReason
-    prompt_tokens: int
-    generated_tokens: int
-    prefix_cache_tokens: int
-    ttft_ms: float
-    duration_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """One streamed piece of text; ``text`` may be empty while a character is incomplete."""
-
-    request_id: str
-    text: str
-    token_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """The last event of a successful stream."""
-
-    request_id: str
-    completion: Completion
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The last event of a failed stream."""
-
-    request_id: str
-    error: EngineError
+class GetTokenizer:
+    """Ask for an ``actors.Tokenizer`` that tokenizes in the caller's thread."""

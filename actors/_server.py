@@ -23,17 +23,19 @@ from actors._engine import Engine, EngineConfig
 from actors._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
 from actors._llama import BackendOptions, LlamaBackend, default_n_threads
 from actors._messages import (
+    STREAMING,
     Cancel,
-    Failed,
+    Chat,
     Generate,
     GenerateTokens,
     GetInfo,
     GetStats,
+    GetTokenizer,
     SamplingParams,
-    Stream,
-    StreamTokens,
 )
 from actors._model import resolve_model_path
+from actors._results import Failed
+from actors._tokenizer import Tokenizer
 from strategies import BatchStrategy, DecodeMaximal
 
 __all__ = ["ServerActor"]
@@ -197,10 +199,10 @@ class ServerActor(pykka.ThreadingActor):
         while not inbox.empty():
             envelope = inbox.get()
             message = envelope.message
-            if isinstance(message, Stream | StreamTokens):
+            if isinstance(message, STREAMING):
                 with contextlib.suppress(Exception):  # the consumer is gone too
                     message.reply_to.put(Failed(message.request_id, error))
-            elif isinstance(message, Generate | GenerateTokens) and envelope.reply_to is not None:
+            elif isinstance(message, Generate | GenerateTokens | Chat) and envelope.reply_to is not None:
                 envelope.reply_to.set_exception(exc_info=(type(error), error, None))
             else:
                 keep.append(envelope)
@@ -217,12 +219,12 @@ class ServerActor(pykka.ThreadingActor):
         if message is _TICK:
             self._tick_scheduled = False
             engine.step()
-        elif isinstance(message, Generate | GenerateTokens):
+        elif isinstance(message, Generate | GenerateTokens | Chat):
             future: pykka.ThreadingFuture[object] = pykka.ThreadingFuture()
             engine.admit(message, future=future)
             self._schedule()
             return future
-        elif isinstance(message, Stream | StreamTokens):
+        elif isinstance(message, STREAMING):
             try:
                 engine.admit(message, reply_to=message.reply_to)
             except EngineError as error:
@@ -236,6 +238,8 @@ class ServerActor(pykka.ThreadingActor):
             return engine.stats()
         elif isinstance(message, GetInfo):
             return self._info(engine)
+        elif isinstance(message, GetTokenizer):
+            return Tokenizer(engine.backend)
         else:
             _log.warning("ignored an unknown message: %r", message)
             return None

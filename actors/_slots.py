@@ -9,7 +9,6 @@ token (``pending``) waits to be decoded.
 
 from __future__ import annotations
 
-import codecs
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,18 +18,14 @@ import numpy as np
 import pykka
 
 from actors._messages import ReplyTo, RequestMessage, SamplingParams
+from actors._output import TextStream
+from actors._results import TokenLogprob
 from strategies import SlotState, SlotView
 
 __all__ = ["Request", "Slot", "choose_slot", "common_prefix_len"]
 
 # A cached prefix is only worth its slot when it covers this share of the new prompt.
 _MIN_PREFIX_SHARE = 0.10
-
-
-def _utf8_decoder() -> codecs.IncrementalDecoder:
-    # Holds back an incomplete multi-byte character until its last byte arrives;
-    # "replace" turns bytes that never complete into U+FFFD at the final flush.
-    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
 @dataclass(slots=True, eq=False)
@@ -49,8 +44,10 @@ class Request:
     t_first_token: float | None = None
     t_finished: float = 0.0
     token_ids: list[int] = field(default_factory=list)
+    text: TextStream = field(default_factory=TextStream)
     pieces: list[str] = field(default_factory=list)
-    decoder: codecs.IncrementalDecoder = field(default_factory=_utf8_decoder)
+    logprobs: list[TokenLogprob] | None = None
+    stop_string: str | None = None
     prefix_cache_tokens: int = 0
     seq_id: int = -1
 

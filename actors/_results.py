@@ -1,0 +1,95 @@
+"""What the engine sends back: completions, stream events and log-probabilities.
+
+Frozen dataclasses, made in the engine thread and read in callers' threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from actors._errors import EngineError
+
+__all__ = ["Completion", "Done", "Failed", "StopReason", "Token", "TokenLogprob", "TopLogprob"]
+
+StopReason = Literal["eog", "max_tokens", "stop", "length", "cancelled"]
+"""Why a request finished: an end-of-generation token, ``max_tokens`` reached, a stop
+string, the context window full (``length``), or cancelled."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of the most likely tokens at a step."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The generated token's log-probability and the ``k`` most likely at that step.
+
+    Values are the log-softmax of the model's raw logits, before sampling transforms
+    (bias, penalties, grammar, temperature); ``top`` is sorted most likely first.
+    """
+
+    token_id: int
+    text: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The result of one request.
+
+    ``stop_string`` is the stop string that ended it (``stop_reason="stop"``);
+    ``logprobs`` has one entry per generated token when the request asked for them.
+
+    ``ttft_ms`` is the time from admission to the first generated token (equal to
+    ``duration_ms`` when none came); ``prefix_cache_tokens`` prompt tokens were
+    reused from the KV cache instead of being decoded.
+    """
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    stop_reason: StopReason
+    prompt_tokens: int
+    generated_tokens: int
+    prefix_cache_tokens: int
+    ttft_ms: float
+    duration_ms: float
+    stop_string: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One generated token and the text it releases.
+
+    ``text`` may be empty while a character is incomplete or while text that could
+    start a stop string is held back; the pieces join to exactly ``Completion.text``.
+    """
+
+    request_id: str
+    text: str
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The last event of a successful stream."""
+
+    request_id: str
+    completion: Completion
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The last event of a failed stream."""
+
+    request_id: str
+    error: EngineError

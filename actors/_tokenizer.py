@@ -1,0 +1,46 @@
+"""``Tokenizer``: the loaded model's vocabulary, usable from any caller's thread."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from actors._llama import LlamaBackend
+
+__all__ = ["Tokenizer"]
+
+
+class Tokenizer:
+    """Tokenize and detokenize with the engine's model, in the caller's thread.
+
+    Get one with ``ref.ask(GetTokenizer())``. Calls never go through the actor's
+    queue, so counting tokens or building ``GenerateTokens`` requests does not wait
+    behind a tick. Thread-safe; after the engine stops, calls raise ``EngineStopped``.
+    """
+
+    def __init__(self, backend: LlamaBackend) -> None:
+        self._backend = backend
+
+    @property
+    def n_vocab(self) -> int:
+        """The vocabulary size: valid token ids are ``0 .. n_vocab - 1``."""
+        return self._backend.n_vocab
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``, as the engine tokenizes a prompt by default.
+
+        Args:
+            text: the text.
+            add_special: add a BOS token when the model's metadata asks for one.
+            parse_special: turn special tokens written in the text (``<|im_start|>``)
+                into their ids instead of tokenizing their characters.
+        """
+        return self._backend.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (special tokens rendered; broken UTF-8 becomes U+FFFD)."""
+        return self._backend.detokenize(list(ids))
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(n_vocab={self.n_vocab})"
