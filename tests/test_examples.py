@@ -54,3 +54,9 @@ def test_telemetry_status() -> None:
 def test_custom_strategy() -> None:
     out = run("custom_strategy.py", "--max-tokens", "4")
     assert len(re.findall(r"-token prompt: first token after", out)) == 3
+
+
+@pytest.mark.timeout(300)
+def test_chat() -> None:
+    out = run("chat.py", "--max-tokens", "12")
+    assert "assistant:" in out and "json: {" in out and "stop at" in out and "tokens: [" in out

@@ -33,10 +33,13 @@ PROMPTS = [
 ]
 
 
-def reference(llm: Any, prompt: str) -> tuple[list[int], list[float]]:
+def reference(llm: Any, prompt: str | list[int]) -> tuple[list[int], list[float]]:
     """Greedy tokens of a fresh ``Llama`` run and the top-2 logit margin at each step."""
     llm.reset()
-    prompt_tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+    if isinstance(prompt, str):
+        prompt_tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+    else:
+        prompt_tokens = prompt
     tokens: list[int] = []
     for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0):
         if llm.token_eos() == token or token in (0, 2, 4):

@@ -11,11 +11,13 @@ import pytest
 
 from actors import (
     Cancel,
+    Chat,
     EngineError,
     Generate,
     GenerateTokens,
     InvalidRequest,
     Stream,
+    StreamChat,
     StreamTokens,
 )
 
@@ -100,3 +102,53 @@ def test_minus_infinity_bias_bans_a_token() -> None:
 def test_cancel_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Cancel("x").request_id = "y"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"logprobs": -1},
+        {"logprobs": 21},
+        {"logprobs": 1.5},
+        {"stop": "abc"},
+        {"stop": [""]},
+        {"stop": ["ok", 3]},
+        {"stop": ["x"] * 33},
+        {"stop": ["x" * 257]},
+        {"min_tokens": -1},
+        {"ignore_eos": "yes"},
+        {"json_schema": "not a dict"},
+        {"json_schema": {"type": "object"}, "grammar": 'root ::= "x"'},
+        {"json_schema": {"bad": {1, 2}}},
+    ],
+    ids=repr,
+)
+def test_bad_request_features(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest):
+        Generate("hi", **options)
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        "hello",
+        [{"role": "wizard", "content": "hi"}],
+        [{"role": "user"}],
+        [{"role": "user", "content": 5}],
+        ["user: hi"],
+    ],
+    ids=repr,
+)
+def test_bad_chat_messages(messages: Any) -> None:
+    with pytest.raises(InvalidRequest):
+        Chat(messages)
+    with pytest.raises(InvalidRequest):
+        StreamChat(messages, reply_to=queue.Queue())
+
+
+def test_chat_messages_are_frozen_copies() -> None:
+    original = [{"role": "user", "content": "hi", "name": "ignored"}]
+    message = Chat(original)
+    original[0]["content"] = "changed"
+    assert message.messages[0]["content"] == "hi" and "name" not in message.messages[0]

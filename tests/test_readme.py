@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pykka
 import pytest
@@ -25,6 +26,18 @@ def test_the_first_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
         pykka.ActorRegistry.stop_all()
     out = capsys.readouterr().out
     assert "'active_slots': 0" in out
+
+
+@pytest.mark.timeout(180)
+def test_the_request_features_snippet_runs(server: pykka.ActorRef[Any]) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
+    snippet = next(b for b in blocks if "json_schema" in b)
+    scope: dict[str, Any] = {"ref": server}
+    exec(compile(snippet, "README.md", "exec"), scope)
+    assert scope["second"].prefix_cache_tokens > 0
+    assert scope["listing"].stop_reason in ("stop", "max_tokens", "eog")
+    assert scope["top"][0].text == " Paris"
+    assert scope["ids"]
 
 
 def test_every_signal_in_the_table_exists_with_its_name() -> None:
