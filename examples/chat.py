@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from actors import GetTokenizer, ServerActor, chat, generate, stream_chat
+from actors import GetTokenizer, ServerActor, Tokenizer, chat, generate, stream_chat
 
 PERSON = {
     "type": "object",
@@ -63,7 +63,7 @@ def main() -> None:
             print(f"{entry.text!r:>10} {entry.logprob:6.2f}   [{alternatives}]")
 
         # Tokenize in this thread, without a round trip through the engine.
-        tokenizer = ref.ask(GetTokenizer())
+        tokenizer: Tokenizer = ref.ask(GetTokenizer(), block=True)  # block=True: typed as the answer
         print("tokens:", tokenizer.tokenize("Hello, world!"))
     finally:
         ref.stop()
