@@ -92,11 +92,11 @@ def lay_out(plan: BatchPlan, slots: Mapping[int, Slot], arrays: BatchArrays) -> 
             assert slot.request is not None and slot.state is SlotState.PREFILLING
             n = entry.prefill_tokens
             end = row + n
-            arrays.tokens[row:end] = slot.request.prompt[n_past : n_past + n]
+            arrays.tokens[row:end] = slot.request.context[n_past : n_past + n]
             arrays.pos[row:end] = np.arange(n_past, n_past + n, dtype=np.int32)
             arrays.seq_ids[row:end] = slot.seq_id
             arrays.logits[row:end] = 0
-            completes = n_past + n == len(slot.request.prompt)
+            completes = n_past + n == len(slot.request.context)
             if completes:
                 arrays.logits[end - 1] = 1
             segments.append(Segment(slot, row, end, end - 1 if completes else -1, False))

@@ -22,10 +22,11 @@ import telemetry
 from actors._batch import BatchArrays, Segment, check_plan, lay_out
 from actors._errors import DecodeError, EngineError, InvalidRequest, QueueFull, StrategyError
 from actors._llama import LlamaBackend
+from actors._memory import KVMemory
 from actors._messages import STREAMING, Chat, ReplyTo, RequestMessage, SamplingParams, StreamChat
 from actors._output import TextStream
 from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
-from actors._slots import Request, Slot, choose_slot
+from actors._slots import Request, Slot
 from strategies import BatchPlan, BatchStrategy, SlotState
 
 __all__ = ["Engine", "EngineConfig"]
@@ -49,7 +50,10 @@ def _contiguous_runs(segments: list[Segment]) -> list[list[Segment]]:
 class EngineConfig:
     """The scheduling options of an engine (checked by ``ServerActor``)."""
 
-    __slots__ = ("batch_strategy", "cache_prompt", "chunk_size", "defaults", "max_queue")
+    __slots__ = (
+        "batch_strategy", "cache_prompt", "chunk_size", "context_shift", "defaults", "max_queue",
+        "n_ctx_per_slot", "ram_budget_bytes",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -59,12 +63,18 @@ class EngineConfig:
         cache_prompt: bool,
         batch_strategy: BatchStrategy,
         defaults: SamplingParams,
+        n_ctx_per_slot: int | None = None,
+        context_shift: bool = True,
+        ram_budget_bytes: int = 0,
     ) -> None:
         self.chunk_size = chunk_size
         self.max_queue = max_queue
         self.cache_prompt = cache_prompt
         self.batch_strategy = batch_strategy
         self.defaults = defaults
+        self.n_ctx_per_slot = n_ctx_per_slot
+        self.context_shift = context_shift
+        self.ram_budget_bytes = ram_budget_bytes
 
 
 class Engine:
@@ -86,6 +96,13 @@ class Engine:
         self._arrivals = 0
         self._arrays = BatchArrays(backend.tokens, backend.pos, backend.seq_ids, backend.logits)
         self._eval_s = 0.0  # time inside llama_decode this tick
+        self.preemptions = 0
+        # A sequence's positions stay below this; by default an even share of the
+        # KV cells, never past what the model was trained on.
+        self.n_ctx_slot = config.n_ctx_per_slot or min(
+            backend.n_ctx // len(self.slots), backend.n_ctx_train or backend.n_ctx
+        )
+        self.memory = KVMemory(backend, config.cache_prompt, config.ram_budget_bytes, self._emit)
 
     # -- admission -----------------------------------------------------------------
 
@@ -111,11 +128,7 @@ class Engine:
             raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
         if isinstance(message, STREAMING) != (reply_to is not None):
             raise InvalidRequest("internal: reply path does not match the message")
-        prompt = self._prompt_tokens(message)
-        if len(prompt) + 1 > backend.n_ctx:
-            raise InvalidRequest(
-                f"prompt of {len(prompt)} tokens cannot fit the context (n_ctx={backend.n_ctx})"
-            )
+        prompt = self._fit(self._prompt_tokens(message), message)
         bias = dict(message.logit_bias) if message.logit_bias else None
         if bias and max(bias) >= backend.n_vocab:
             raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
@@ -156,17 +169,31 @@ class Engine:
             raise InvalidRequest("prompt tokenizes to nothing")
         return prompt
 
+    def _fit(self, prompt: list[int], message: RequestMessage) -> list[int]:
+        """The prompt if it fits a slot's context, truncated if the request allows it."""
+        limit = self.n_ctx_slot
+        if len(prompt) + 1 <= limit:
+            return prompt
+        if not message.truncate:
+            raise InvalidRequest(
+                f"prompt of {len(prompt)} tokens cannot fit a slot's context of {limit} tokens "
+                f"(n_ctx_per_slot={limit}); pass truncate=True to keep its start and end"
+            )
+        # llama.cpp's rule: keep n_keep tokens, drop whole blocks of half the rest.
+        n_keep = min(message.n_keep, limit // 2)
+        block = max((limit - n_keep) // 2, 1)
+        n_blocks = (len(prompt) - n_keep - block) // block
+        return prompt[:n_keep] + prompt[n_keep + n_blocks * block :]
+
     def _start(self, request: Request, idle: list[Slot]) -> None:
         """Give ``request`` an idle slot, reusing the longest cached prefix."""
-        slot, n_reuse = choose_slot(idle, request.prompt, self.config.cache_prompt)
-        if n_reuse < len(slot.cached):
-            if n_reuse == 0 or not self.backend.seq_trim(slot.seq_id, n_reuse):
-                self.backend.seq_clear(slot.seq_id)
-                n_reuse = 0
-            del slot.cached[n_reuse:]
+        slot, n_reuse = self.memory.claim(request, idle)
         slot.request = request
         slot.state = SlotState.PREFILLING
         request.seq_id = slot.seq_id
+        if request.started:  # resumed after a preemption: already announced
+            return
+        request.started = True
         request.prefix_cache_tokens = n_reuse
         request.t_started = time.monotonic()
         if telemetry.request_start.receivers:
@@ -184,7 +211,10 @@ class Engine:
             return
         if request.seq_id < 0:
             self.waiting.remove(request)
-            self._deliver(request, self._close(request, "cancelled"))
+            completion = self._close(request, "cancelled")
+            if request.started:  # preempted, waiting to resume
+                self._emit_done(request, "cancelled")
+            self._deliver(request, completion)
         else:
             self._finish(self.slots[request.seq_id], "cancelled")
 
@@ -223,9 +253,22 @@ class Engine:
     def _dequeue(self) -> None:
         while self.waiting:
             idle = [slot for slot in self.slots if slot.state is SlotState.IDLE]
-            if not idle:
+            if not idle or not self._kv_room_for(self.waiting[0]):
                 return
             self._start(self.waiting.popleft(), idle)
+
+    def _kv_room_for(self, request: Request) -> bool:
+        """Admit only what the KV cells can hold beside the running requests' next tokens.
+
+        Without this a preempted request would take its slot back at once, find no
+        room for its prefill and push another request out: thrashing. Idle caches do
+        not count: they are dropped on demand.
+        """
+        busy = [slot for slot in self.slots if slot.request is not None]
+        if not busy:
+            return True
+        used = sum(len(slot.cached) for slot in busy)
+        return used + len(busy) + len(request.context) <= self.backend.n_ctx
 
     def _plan(self, busy: dict[int, Slot]) -> BatchPlan | None:
         views = {seq_id: slot.view() for seq_id, slot in busy.items()}
@@ -272,19 +315,7 @@ class Engine:
         if code == _DECODE_OK:
             self._commit(live, start)
         elif code == _DECODE_NO_KV_SPACE:
-            if purge_allowed and self._purge_idle_caches():
-                self._forward(live, purge_allowed=False)
-            elif len(live) > 1:
-                mid = len(live) // 2
-                self._forward(live[:mid], purge_allowed=False)
-                self._forward(live[mid:], purge_allowed=False)
-            elif end - start > 1:
-                # One slot's prefill chunk: halve it, positions stay contiguous.
-                only, mid_row = live[0], start + (end - start) // 2
-                self._forward([Segment(only.slot, start, mid_row, -1, False)], purge_allowed=False)
-                self._forward([Segment(only.slot, mid_row, end, only.logits_row, False)], purge_allowed=False)
-            else:
-                self._fail(live[0].slot, DecodeError("no KV space left for this request (n_ctx is full)"))
+            self._no_kv_space(live, start, end, purge_allowed)
         else:
             error = DecodeError(f"llama_decode failed with code {code}")
             _log.error("%s; failing every active request", error)
@@ -292,14 +323,63 @@ class Engine:
                 if slot.state is not SlotState.IDLE:
                     self._fail(slot, error)
 
-    def _purge_idle_caches(self) -> bool:
-        purged = False
-        for slot in self.slots:
-            if slot.state is SlotState.IDLE and slot.cached:
-                self.backend.seq_clear(slot.seq_id)
-                slot.cached.clear()
-                purged = True
-        return purged
+    def _no_kv_space(self, live: list[Segment], start: int, end: int, purge_allowed: bool) -> None:
+        """``llama_decode`` found no KV cells: purge idle caches, halve, preempt, then fail."""
+        if purge_allowed:
+            purged = self.memory.purge_idle(self.slots)
+            if purged:
+                self._kv_event("purge", {"purged_slots": purged})
+                self._forward(live, purge_allowed=False)
+                return
+        if len(live) > 1:
+            self._kv_event("split", {"batch_tokens": end - start})
+            mid = len(live) // 2
+            self._forward(live[:mid], purge_allowed=False)
+            self._forward(live[mid:], purge_allowed=False)
+        elif end - start > 1:
+            # One slot's prefill chunk: halve it, positions stay contiguous.
+            self._kv_event("split", {"batch_tokens": end - start})
+            only, mid_row = live[0], start + (end - start) // 2
+            self._forward([Segment(only.slot, start, mid_row, -1, False)], purge_allowed=False)
+            self._forward([Segment(only.slot, mid_row, end, only.logits_row, False)], purge_allowed=False)
+        else:
+            stuck = live[0].slot
+            others = [s for s in self.slots if s.request is not None and s is not stuck]
+            if not others:
+                self._fail(stuck, DecodeError("context_full: the request cannot fit the KV cache even alone"))
+                return
+            # vLLM's answer: free the most recently admitted request and recompute it later.
+            victim = max([stuck, *others], key=lambda s: s.request.arrival if s.request else -1)
+            self._preempt(victim)
+            if victim is not stuck:
+                self._forward(live, purge_allowed=False)
+
+    def _preempt(self, slot: Slot) -> None:
+        request = slot.release()
+        assert request is not None
+        self.memory.backend.seq_clear(slot.seq_id)
+        slot.cached.clear()
+        request.context = request.prompt + request.token_ids
+        request.seq_id = -1
+        request.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(request)
+        self._kv_event("preempt", {"preempted_tokens": len(request.context)}, request)
+
+    def _kv_event(self, event: str, measurements: dict[str, Any], request: Request | None = None) -> None:
+        if telemetry.kv_pressure.receivers:
+            used = sum(len(s.cached) for s in self.slots)
+            telemetry.emit(
+                telemetry.kv_pressure,
+                self.sender,
+                {**measurements, "kv_cells_used": used, "kv_cells_total": self.backend.n_ctx},
+                {"event": event, "request_id": request.request_id if request else None},
+            )
+
+    def _emit(self, name: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        signal = getattr(telemetry, name)
+        if signal.receivers:
+            telemetry.emit(signal, self.sender, measurements, metadata)
 
     def _commit(self, segments: list[Segment], start: int) -> None:
         """Record decoded rows in their slots, then sample the rows that asked for logits."""
@@ -356,10 +436,25 @@ class Engine:
             self._finish(slot, "stop")
         elif len(request.token_ids) >= request.message.max_tokens:
             self._finish(slot, "max_tokens")
-        elif len(slot.cached) + 1 >= self.backend.n_ctx:
+        elif len(slot.cached) + 1 >= self.n_ctx_slot and not self._shift(slot):
             self._finish(slot, "length")
         else:
             slot.pending = token
+
+    def _shift(self, slot: Slot) -> bool:
+        """Make room for the next token: keep ``n_keep``, drop half the rest (llama.cpp's rule)."""
+        if not (self.config.context_shift and self.backend.can_shift):
+            return False
+        request = slot.request
+        assert request is not None
+        n_past = len(slot.cached)
+        n_keep = min(request.message.n_keep, n_past - 2)
+        n_discard = (n_past - n_keep) // 2
+        self.backend.seq_shift(slot.seq_id, n_keep, n_discard, n_past)
+        del slot.cached[n_keep : n_keep + n_discard]
+        slot.shifted = True
+        self._kv_event("context_shift", {"discarded_tokens": n_discard}, request)
+        return True
 
     # -- finishing -----------------------------------------------------------------
 
@@ -382,12 +477,18 @@ class Engine:
         the time the caller does."""
         request = slot.release()
         assert request is not None
+        if slot.shifted:  # its positions were rewritten: no later prompt may reuse it
+            self.memory.backend.seq_clear(slot.seq_id)
+            slot.cached.clear()
         completion = self._close(request, stop_reason)
+        self._emit_done(request, stop_reason)
+        self._deliver(request, completion)
+
+    def _emit_done(self, request: Request, stop_reason: StopReason) -> None:
         if telemetry.request_done.receivers:
             metadata = self._metadata(request)
             metadata["stop_reason"] = stop_reason
             telemetry.emit(telemetry.request_done, self.sender, self._measurements(request), metadata)
-        self._deliver(request, completion)
 
     def _close(self, request: Request, stop_reason: StopReason) -> Completion:
         """Forget the request, free its sampler and build its ``Completion``."""
@@ -434,12 +535,15 @@ class Engine:
         self.backend.seq_clear(slot.seq_id)
         slot.cached.clear()
         self._forget(request)
+        self._emit_exception(request, error)
+        self._deliver_error(request, error)
+
+    def _emit_exception(self, request: Request, error: EngineError) -> None:
         if telemetry.request_exception.receivers:
             metadata = self._metadata(request)
             metadata["stop_reason"] = "error"
             metadata["reason"] = str(error)
             telemetry.emit(telemetry.request_exception, self.sender, self._measurements(request), metadata)
-        self._deliver_error(request, error)
 
     def _deliver_error(self, request: Request, error: EngineError) -> None:
         if request.future is not None:
@@ -455,6 +559,8 @@ class Engine:
         while self.waiting:
             request = self.waiting.popleft()
             self._forget(request)
+            if request.started:  # preempted: it had a start, it gets its end
+                self._emit_exception(request, error)
             self._deliver_error(request, error)
 
     # -- telemetry and introspection ---------------------------------------------
@@ -497,6 +603,7 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         """The engine's load, as ``GetStats`` returns it."""
+        ram = self.memory.ram
         states = [slot.state for slot in self.slots]
         return {
             "active_slots": sum(1 for s in states if s is not SlotState.IDLE),
@@ -507,4 +614,10 @@ class Engine:
             "n_parallel": len(self.slots),
             "n_batch": self.backend.n_batch,
             "n_ctx": self.backend.n_ctx,
+            "n_ctx_per_slot": self.n_ctx_slot,
+            "kv_cells_used": sum(len(slot.cached) for slot in self.slots),
+            "kv_cells_total": self.backend.n_ctx,
+            "ram_cache_entries": len(ram.entries) if ram else 0,
+            "ram_cache_bytes": ram.bytes_used if ram else 0,
+            "preemptions": self.preemptions,
         }

@@ -334,6 +334,28 @@ class LlamaBackend:
         """Drop all KV of ``seq_id``."""
         _lc.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
 
+    @property
+    def can_shift(self) -> bool:
+        """Whether the memory can move positions (needed for a context shift)."""
+        return bool(_lc.llama_memory_can_shift(self._memory))
+
+    def seq_shift(self, seq_id: int, n_keep: int, n_discard: int, n_past: int) -> None:
+        """Drop positions ``[n_keep, n_keep + n_discard)`` and move the rest back to close the gap."""
+        _lc.llama_memory_seq_rm(self._memory, seq_id, n_keep, n_keep + n_discard)
+        _lc.llama_memory_seq_add(self._memory, seq_id, n_keep + n_discard, n_past, -n_discard)
+
+    def seq_save(self, seq_id: int) -> bytes:
+        """A copy of ``seq_id``'s KV state in host memory."""
+        size = _lc.llama_state_seq_get_size(self._ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = _lc.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
+        return bytes(buf)[:n]
+
+    def seq_restore(self, seq_id: int, state: bytes) -> bool:
+        """Load a state made by :meth:`seq_save` into ``seq_id``; False if refused."""
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        return bool(_lc.llama_state_seq_set_data(self._ctx, buf, len(state), seq_id))
+
     # -- vocabulary (thread-safe) -----------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:

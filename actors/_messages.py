@@ -158,6 +158,10 @@ class _RequestMessage:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
+    cache_scope: str | None = None
+    session: str | None = None
+    truncate: bool = False
+    n_keep: int = 0
 
     def _check_options(self) -> None:
         _require(
@@ -204,6 +208,11 @@ class _RequestMessage:
             object.__setattr__(self, "stop", tuple(self.stop))
         _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens must be an int >= 0")
         _require(isinstance(self.ignore_eos, bool), "ignore_eos must be a bool")
+        for name in ("cache_scope", "session"):
+            value = getattr(self, name)
+            _require(value is None or isinstance(value, str), f"{name} must be a str or None")
+        _require(isinstance(self.truncate, bool), "truncate must be a bool")
+        _require(_is_int(self.n_keep) and self.n_keep >= 0, "n_keep must be an int >= 0")
         if self.logprobs is not None:
             _require(
                 _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,

@@ -108,6 +108,9 @@ class ServerActor(pykka.ThreadingActor):
         n_gpu_layers: int = 0,
         use_mmap: bool = True,
         use_mlock: bool = False,
+        n_ctx_per_slot: int | None = None,
+        context_shift: bool = True,
+        prompt_cache_ram_mb: float = 0,
     ) -> None:
         super().__init__()
         n_ctx = _positive("n_ctx", n_ctx)
@@ -147,12 +150,19 @@ class ServerActor(pykka.ThreadingActor):
             use_mmap=use_mmap,
             use_mlock=use_mlock,
         )
+        if n_ctx_per_slot is not None and _positive("n_ctx_per_slot", n_ctx_per_slot) > n_ctx:
+            raise ConfigError(f"n_ctx_per_slot ({n_ctx_per_slot}) cannot exceed n_ctx ({n_ctx})")
+        if not isinstance(prompt_cache_ram_mb, int | float) or not 0 <= prompt_cache_ram_mb < float("inf"):
+            raise ConfigError(f"prompt_cache_ram_mb must be a number >= 0, got {prompt_cache_ram_mb!r}")
         self.actor_config = EngineConfig(
             chunk_size=_positive("chunk_size", chunk_size),
             max_queue=max_queue,
             cache_prompt=bool(cache_prompt),
             batch_strategy=batch_strategy,
             defaults=defaults,
+            n_ctx_per_slot=n_ctx_per_slot,
+            context_shift=bool(context_shift),
+            ram_budget_bytes=int(prompt_cache_ram_mb * 1024 * 1024),
         )
         self.actor_engine: Engine | None = None
         self._tick_scheduled = False

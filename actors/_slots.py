@@ -50,10 +50,28 @@ class Request:
     stop_string: str | None = None
     prefix_cache_tokens: int = 0
     seq_id: int = -1
+    # What the slot must hold before the next token can be sampled: the prompt, and
+    # after a preemption the prompt plus every token generated so far (recomputed).
+    context: list[int] = field(default_factory=list)
+    started: bool = False
+    preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.context:
+            self.context = self.prompt
 
     @property
     def request_id(self) -> str:
         return self.message.request_id
+
+    @property
+    def scope(self) -> str | None:
+        """Whose KV this request may reuse: only a cache of the same scope."""
+        return self.message.cache_scope
+
+    @property
+    def session(self) -> str | None:
+        return self.message.session
 
     @property
     def mode(self) -> Literal["generate", "stream"]:
@@ -70,6 +88,11 @@ class Slot:
     cached: list[int] = field(default_factory=list)
     pending: int = -1
     t_last_used: float = 0.0
+    # Who the cached KV belongs to: reused only within the same cache scope.
+    scope: str | None = None
+    session: str | None = None
+    # A context shift rewrote positions: the KV no longer matches a fresh prefill.
+    shifted: bool = False
 
     def view(self) -> SlotView:
         """The read-only view a strategy sees (busy slots only)."""
@@ -79,7 +102,7 @@ class Slot:
             seq_id=self.seq_id,
             state=self.state,
             has_pending_token=self.state is SlotState.GENERATING,
-            prefill_remaining=len(request.prompt) - len(self.cached)
+            prefill_remaining=len(request.context) - len(self.cached)
             if self.state is SlotState.PREFILLING
             else 0,
             generated_tokens=len(request.token_ids),
@@ -109,22 +132,34 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def choose_slot(idle: Sequence[Slot], prompt: Sequence[int], cache_prompt: bool) -> tuple[Slot, int]:
+def choose_slot(
+    idle: Sequence[Slot],
+    prompt: Sequence[int],
+    cache_prompt: bool,
+    scope: str | None = None,
+    session: str | None = None,
+) -> tuple[Slot, int]:
     """Pick the idle slot for a new prompt and how many cached tokens it can reuse.
 
-    The slot whose cache shares the longest prefix with the prompt (when that covers
-    over 10% of it), else an empty slot, else the least recently used one. At most
-    ``len(prompt) - 1`` tokens are reused so the last prompt token is always decoded:
-    its logits give the first generated token.
+    The slot that last served the same ``(scope, session)``; else the slot of the same
+    scope whose cache shares the longest prefix with the prompt (when that covers over
+    10% of it); else an empty slot; else the least recently used one. A cache of another
+    scope is never reused. At most ``len(prompt) - 1`` tokens are reused so the last
+    prompt token is always decoded: its logits give the first generated token.
     """
     assert idle, "choose_slot needs at least one idle slot"
     if cache_prompt:
-        best, best_len = idle[0], -1
-        for slot in idle:
+        mine = [slot for slot in idle if slot.scope == scope and slot.cached]
+        if session is not None:
+            for slot in mine:
+                if slot.session == session:
+                    return slot, min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
+        best, best_len = None, -1
+        for slot in mine:
             n = common_prefix_len(slot.cached, prompt)
             if n > best_len:
                 best, best_len = slot, n
-        if best_len > _MIN_PREFIX_SHARE * len(prompt):
+        if best is not None and best_len > _MIN_PREFIX_SHARE * len(prompt):
             return best, min(best_len, len(prompt) - 1)
     empty = [slot for slot in idle if not slot.cached]
     if empty:

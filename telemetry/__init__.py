@@ -25,6 +25,13 @@ signal                 measurements                                  metadata
 ``request_exception``  as ``request_done``                           as ``request_done``,
                                                                      ``stop_reason="error"``,
                                                                      ``reason``
+``kv_pressure``        ``kv_cells_used``, ``kv_cells_total``, and    ``event`` (``purge``,
+                       per event ``purged_slots``, ``batch_tokens``  ``split``, ``preempt``,
+                       (split), ``preempted_tokens``,                ``context_shift``),
+                       ``discarded_tokens`` (context shift)          ``request_id`` or None
+``ram_cache``          ``tokens``, ``bytes`` (of the entry),         ``event`` (``save``,
+                       ``entries``, ``bytes_used`` (of the cache)    ``restore``, ``evict``),
+                                                                     ``scope``
 =====================  ============================================  =======================
 
 Units: ``*_ms`` are milliseconds (``eval_ms`` is the time inside ``llama_decode``);
@@ -43,6 +50,8 @@ from blinker import NamedSignal, Namespace
 __all__ = [
     "NAMESPACE",
     "emit",
+    "kv_pressure",
+    "ram_cache",
     "request_done",
     "request_exception",
     "request_start",
@@ -69,6 +78,15 @@ request_done = NAMESPACE.signal(
 request_exception = NAMESPACE.signal(
     "llama_cpp_actors.server.request.exception",
     doc="A request failed after it got a slot.",
+)
+
+kv_pressure = NAMESPACE.signal(
+    "llama_cpp_actors.server.kv_pressure",
+    doc="The KV cache ran out: idle caches purged, a batch split, a request preempted, a context shifted.",
+)
+ram_cache = NAMESPACE.signal(
+    "llama_cpp_actors.server.ram_cache",
+    doc="The RAM prompt cache saved, restored or evicted a sequence's KV.",
 )
 
 

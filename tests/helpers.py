@@ -12,12 +12,14 @@ import telemetry
 # max_tokens, a cancel or a stop: tests that need a busy slot must not race an EOG.
 NO_EOG = {0: float("-inf"), 2: float("-inf"), 4: float("-inf")}
 
-SIGNALS = (
-    telemetry.tick,
-    telemetry.request_start,
-    telemetry.request_done,
-    telemetry.request_exception,
-)
+SIGNALS = {
+    "tick": telemetry.tick,
+    "start": telemetry.request_start,
+    "done": telemetry.request_done,
+    "exception": telemetry.request_exception,
+    "kv_pressure": telemetry.kv_pressure,
+    "ram_cache": telemetry.ram_cache,
+}
 
 
 class Recorder:
@@ -26,19 +28,13 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
         self._lock = threading.Lock()
-        for signal in SIGNALS:
-            signal.connect(self._receiver(signal.name))
+        for kind, signal in SIGNALS.items():
+            signal.connect(self._receiver(kind))
 
-    def _receiver(self, name: str) -> Callable[..., None]:
+    def _receiver(self, kind: str) -> Callable[..., None]:
         def receive(sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
             with self._lock:
-                self.events.append(
-                    (
-                        name.rsplit(".", 2)[-1] if "request" in name else "tick",
-                        measurements,
-                        metadata,
-                    )
-                )
+                self.events.append((kind, measurements, metadata))
 
         setattr(self, f"_keep_{len(self.__dict__)}", receive)  # blinker holds receivers weakly
         return receive

@@ -34,7 +34,7 @@ StartServer = Callable[..., pykka.ActorRef[Any]]
 def recorder() -> Iterator[Recorder]:
     rec = Recorder()
     yield rec
-    for signal in SIGNALS:
+    for signal in SIGNALS.values():
         for receiver in list(signal.receivers_for(None)):
             signal.disconnect(receiver)
 
@@ -199,7 +199,9 @@ def test_stats_and_info(server: pykka.ActorRef[Any], model_path: str) -> None:
     stats = server.ask(GetStats())
     assert stats == {
         "active_slots": 0, "idle_slots": 4, "prefilling_slots": 0, "generating_slots": 0,
-        "queue_depth": 0, "n_parallel": 4, "n_batch": 2048, "n_ctx": 2048,
+        "queue_depth": 0, "n_parallel": 4, "n_batch": 2048, "n_ctx": 2048, "n_ctx_per_slot": 512,
+        "kv_cells_used": 0, "kv_cells_total": 2048, "ram_cache_entries": 0, "ram_cache_bytes": 0,
+        "preemptions": 0,
     }  # fmt: skip
     info = server.ask(GetInfo())
     assert info["model_path"] == model_path
