@@ -39,6 +39,7 @@ bench: install
 	$(PY) bench/throughput.py
 	$(PY) bench/strategies.py
 	$(PY) bench/scaling.py
+	$(PY) bench/multiturn.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -267,7 +267,8 @@ class Engine:
         busy = [slot for slot in self.slots if slot.request is not None]
         if not busy:
             return True
-        used = sum(len(slot.cached) for slot in busy)
+        # A prefilling slot will soon hold its whole context.
+        used = sum(max(len(slot.cached), len(slot.request.context)) for slot in busy if slot.request)
         return used + len(busy) + len(request.context) <= self.backend.n_ctx
 
     def _plan(self, busy: dict[int, Slot]) -> BatchPlan | None:

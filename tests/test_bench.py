@@ -50,3 +50,12 @@ def test_scaling(tmp_path: Path) -> None:
     run("scaling.py", tmp_path, "--quick")
     assert "Fitted slopes" in (tmp_path / "scaling.md").read_text()
     assert (tmp_path / "scaling.png").exists()
+
+
+@pytest.mark.timeout(450)
+def test_multiturn(tmp_path: Path) -> None:
+    run("multiturn.py", tmp_path, "--quick")
+    table = (tmp_path / "multiturn.md").read_text()
+    for mode in ("| off |", "| on |", "| on + RAM |"):
+        assert mode in table
+    assert (tmp_path / "multiturn.png").exists()

@@ -47,6 +47,8 @@ def test_every_signal_in_the_table_exists_with_its_name() -> None:
         "request_start",
         "request_done",
         "request_exception",
+        "kv_pressure",
+        "ram_cache",
     }
     for attr, name in rows:
         assert getattr(telemetry, attr).name == name
