@@ -37,6 +37,7 @@ from actors._messages import (
 from actors._model import default_model_path
 from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
 from actors._server import ServerActor
+from actors._supervisor import Supervisor
 from actors._tokenizer import Tokenizer
 
 __version__ = "0.1.0"
@@ -68,6 +69,7 @@ __all__ = [
     "Stream",
     "StreamChat",
     "StreamTokens",
+    "Supervisor",
     "Token",
     "TokenLogprob",
     "Tokenizer",

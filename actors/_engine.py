@@ -21,6 +21,7 @@ import pykka
 import telemetry
 from actors._batch import BatchArrays, Segment, check_plan, lay_out
 from actors._errors import DecodeError, EngineError, InvalidRequest, QueueFull, StrategyError
+from actors._faults import faults
 from actors._llama import LlamaBackend
 from actors._memory import KVMemory
 from actors._messages import STREAMING, Chat, ReplyTo, RequestMessage, SamplingParams, StreamChat
@@ -97,6 +98,7 @@ class Engine:
         self._arrays = BatchArrays(backend.tokens, backend.pos, backend.seq_ids, backend.logits)
         self._eval_s = 0.0  # time inside llama_decode this tick
         self.preemptions = 0
+        self.n_ticks = 0
         # A sequence's positions stay below this; by default an even share of the
         # KV cells, never past what the model was trained on.
         self.n_ctx_slot = config.n_ctx_per_slot or min(
@@ -222,6 +224,9 @@ class Engine:
 
     def step(self) -> None:
         """One tick: dequeue, plan, one forward pass, sample and finish."""
+        self.n_ticks += 1
+        if faults.tick is not None:
+            faults.tick(self.n_ticks)
         self._dequeue()
         busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
         if not busy:
@@ -392,7 +397,12 @@ class Engine:
             else:
                 slot.cached.extend(tokens[segment.start : segment.end].tolist())
             if segment.logits_row >= 0:
-                self._sample(slot, segment.logits_row - start)
+                try:
+                    self._sample(slot, segment.logits_row - start)
+                except Exception as e:  # one request's sampler broke: fail it alone
+                    _log.exception("sampling failed for %s", slot.request and slot.request.request_id)
+                    if slot.request is not None:
+                        self._fail(slot, EngineError(f"sampling failed: {e!r}"))
 
     def _sample(self, slot: Slot, index: int) -> None:
         request = slot.request

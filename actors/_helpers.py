@@ -40,6 +40,16 @@ def _tell_cancel(ref: pykka.ActorRef[Any], request_id: str) -> None:
         ref.tell(Cancel(request_id))
 
 
+def _target(ref: Any) -> pykka.ActorRef[Any]:
+    """The actor a request goes to: a Supervisor's current actor, or the ref itself.
+
+    A request is watched on the actor that took it, so a helper never waits on a
+    future of an engine that died while a supervisor already started the next one.
+    """
+    actor_ref = getattr(ref, "actor_ref", None)
+    return actor_ref if actor_ref is not None else ref  # type: ignore[no-any-return]
+
+
 def _ask(ref: pykka.ActorRef[Any], message: object) -> Any:
     try:
         return ref.ask(message)
@@ -85,9 +95,8 @@ def chat(
     return _complete(ref, Chat(messages, **options), timeout)
 
 
-def _complete(
-    ref: pykka.ActorRef[Any], message: Generate | GenerateTokens | Chat, timeout: float | None
-) -> Completion:
+def _complete(ref: Any, message: Generate | GenerateTokens | Chat, timeout: float | None) -> Completion:
+    ref = _target(ref)
     future = _ask(ref, message)
     try:
         completion: Completion = _wait_for(
@@ -172,6 +181,7 @@ def _stream_events(
     events: queue.Queue[Token | Done | Failed],
     timeout: float | None,
 ) -> Iterator[str]:
+    ref = _target(ref)
     try:
         ref.tell(message)
     except pykka.ActorDeadError as e:

@@ -25,6 +25,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from actors._errors import EngineStopped, InvalidRequest, ModelLoadError
+from actors._faults import faults
 from actors._messages import SamplingParams
 
 __all__ = ["BackendOptions", "LlamaBackend", "default_n_threads", "llama_cpp_version"]
@@ -149,6 +150,7 @@ class LlamaBackend:
         # lock so the vocabulary is never freed under a running tokenize.
         self._vocab_lock = threading.Lock()
         self._chat = self._chat_formatter()
+        self.n_decode_calls = 0
         self._init_batch(self.n_batch)
 
     def _chat_formatter(self) -> Jinja2ChatFormatter | None:
@@ -221,6 +223,11 @@ class LlamaBackend:
         The caller guarantees ``0 <= start < end <= n_batch``, seq ids within
         ``[0, n_seq_max)`` and contiguous positions per sequence.
         """
+        self.n_decode_calls += 1
+        if faults.decode is not None:
+            injected = faults.decode(self.n_decode_calls)
+            if injected is not None:
+                return injected
         batch = self._batch if start == 0 else self._batch_view(start)
         batch.n_tokens = end - start
         return int(_lc.llama_decode(self._ctx, batch))
@@ -295,6 +302,8 @@ class LlamaBackend:
         ``ban_eog`` makes every end-of-generation token impossible (``min_tokens``,
         ``ignore_eos``) by writing -inf over its logit before the sampler reads it.
         """
+        if faults.sample is not None:
+            faults.sample(index)
         if ban_eog or isinstance(sampler, _Greedy):
             logits = self._logits(index)
             if ban_eog:

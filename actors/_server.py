@@ -50,6 +50,13 @@ class _Tick:
 
 _TICK = _Tick()
 _live_servers: weakref.WeakSet[ServerActor] = weakref.WeakSet()
+# Why an actor died, by actor URN: a Supervisor reads it to tell a crash from a stop.
+_crashes: dict[str, str] = {}
+
+
+def crash_reason(actor_urn: str) -> str | None:
+    """Why the actor with this URN crashed, or None if it stopped on request (any thread)."""
+    return _crashes.pop(actor_urn, None)
 
 
 @atexit.register
@@ -171,7 +178,11 @@ class ServerActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         """Load the model and make the context (actor thread)."""
-        backend = LlamaBackend(self.actor_options)
+        try:
+            backend = LlamaBackend(self.actor_options)
+        except Exception as e:
+            _crashes[self.actor_urn] = f"loading failed: {e!r}"
+            raise
         if self.actor_options.n_batch > backend.n_batch:  # llama.cpp clamps; keep it honest
             _log.warning("n_batch clamped by llama.cpp to %d", backend.n_batch)
         self.actor_engine = Engine(backend, self.actor_config, self.actor_ref)
@@ -188,6 +199,7 @@ class ServerActor(pykka.ThreadingActor):
         traceback: TracebackType | None,
     ) -> None:
         """Fail what is pending after a crash, so no caller waits (actor thread)."""
+        _crashes[self.actor_urn] = repr(exception_value)
         self._shutdown(EngineStopped(f"the engine crashed: {exception_value!r}"))
 
     def _shutdown(self, error: EngineError) -> None:

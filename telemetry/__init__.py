@@ -32,6 +32,8 @@ signal                 measurements                                  metadata
 ``ram_cache``          ``tokens``, ``bytes`` (of the entry),         ``event`` (``save``,
                        ``entries``, ``bytes_used`` (of the cache)    ``restore``, ``evict``),
                                                                      ``scope``
+``server_restart``     ``restarts`` (so far), ``backoff_ms``         ``reason`` (sender: the
+                                                                     ``Supervisor``)
 =====================  ============================================  =======================
 
 Units: ``*_ms`` are milliseconds (``eval_ms`` is the time inside ``llama_decode``);
@@ -55,6 +57,7 @@ __all__ = [
     "request_done",
     "request_exception",
     "request_start",
+    "server_restart",
     "tick",
 ]
 
@@ -83,6 +86,10 @@ request_exception = NAMESPACE.signal(
 kv_pressure = NAMESPACE.signal(
     "llama_cpp_actors.server.kv_pressure",
     doc="The KV cache ran out: idle caches purged, a batch split, a request preempted, a context shifted.",
+)
+server_restart = NAMESPACE.signal(
+    "llama_cpp_actors.server.restart",
+    doc="A Supervisor restarted its crashed ServerActor.",
 )
 ram_cache = NAMESPACE.signal(
     "llama_cpp_actors.server.ram_cache",

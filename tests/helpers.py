@@ -19,6 +19,7 @@ SIGNALS = {
     "exception": telemetry.request_exception,
     "kv_pressure": telemetry.kv_pressure,
     "ram_cache": telemetry.ram_cache,
+    "restart": telemetry.server_restart,
 }
 
 

@@ -1,0 +1,226 @@
+"""Faults injected at precise points of a real engine: every request ends once, nobody hangs."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pykka
+import pytest
+from helpers import NO_EOG, Recorder
+
+import telemetry
+from actors import (
+    DecodeError,
+    EngineError,
+    EngineStopped,
+    Failed,
+    Generate,
+    GetStats,
+    Stream,
+    Supervisor,
+    generate,
+    stream,
+)
+from actors._faults import faults
+
+StartServer = Callable[..., pykka.ActorRef[Any]]
+
+
+@pytest.fixture(autouse=True)
+def clean_faults() -> Iterator[None]:
+    faults.reset()
+    yield
+    faults.reset()
+
+
+def on_call(n: int, code: int) -> Callable[[int], int | None]:
+    """A decode hook that reports ``code`` on the n-th decode call after it is set."""
+    seen: list[int] = []
+
+    def hook(call: int) -> int | None:
+        seen.append(call)
+        return code if len(seen) == n else None
+
+    return hook
+
+
+def settle(ref: Any) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    stats: dict[str, Any] = ref.ask(GetStats())
+    while stats["active_slots"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+        stats = ref.ask(GetStats())
+    return stats
+
+
+def test_no_kv_space_on_one_decode_is_retried_transparently(server: pykka.ActorRef[Any]) -> None:
+    recorder = Recorder()
+    reference = generate(server, "Once upon a time", max_tokens=12, temp=0)
+    faults.decode = on_call(3, 1)
+    futures = [server.ask(Generate("Once upon a time", max_tokens=12, temp=0)) for _ in range(2)]
+    for future in futures:
+        assert future.get(timeout=60).token_ids == reference.token_ids
+    assert recorder.of("kv_pressure")
+
+
+@pytest.mark.parametrize("code", [-1, -3, 2])
+def test_a_failed_decode_fails_the_active_requests_and_the_engine_serves_on(
+    server: pykka.ActorRef[Any], code: int
+) -> None:
+    recorder = Recorder()
+    faults.decode = on_call(3, code)
+    futures = [server.ask(Generate(f"Story {i}", max_tokens=20, logit_bias=NO_EOG)) for i in range(3)]
+    for future in futures:
+        with pytest.raises(DecodeError, match=f"code {code}"):
+            future.get(timeout=30)
+    assert len(recorder.of("exception")) == 3
+    assert settle(server)["active_slots"] == 0
+    assert generate(server, "Fine again", max_tokens=3, logit_bias=NO_EOG).generated_tokens == 3
+
+
+def test_an_exception_while_sampling_fails_only_that_request(server: pykka.ActorRef[Any]) -> None:
+    doomed: list[int] = []
+
+    def sample(index: int) -> None:
+        if len(doomed) < 1 and index == 1:
+            doomed.append(index)
+            raise RuntimeError("sampler exploded")
+
+    others = [server.ask(Generate(f"Plain {i}", max_tokens=10, logit_bias=NO_EOG)) for i in range(3)]
+    time.sleep(0.2)  # all three are decoding: batch rows 0, 1, 2
+    faults.sample = sample
+    outcomes = []
+    for future in others:
+        try:
+            outcomes.append(future.get(timeout=30).generated_tokens)
+        except EngineError as e:
+            outcomes.append(str(e))
+    failed = [o for o in outcomes if isinstance(o, str)]
+    assert len(failed) == 1 and "sampler exploded" in failed[0]
+    assert sorted(o for o in outcomes if isinstance(o, int)) == [10, 10]
+
+
+def test_a_slow_receiver_slows_but_does_not_stop_the_engine(server: pykka.ActorRef[Any]) -> None:
+    calls: list[float] = []
+
+    def slow(sender: Any, **payload: Any) -> None:
+        calls.append(time.monotonic())
+        time.sleep(1.0)
+
+    telemetry.request_start.connect(slow)
+    try:
+        t0 = time.monotonic()
+        completion = generate(server, "Hello", max_tokens=4, logit_bias=NO_EOG, timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        telemetry.request_start.disconnect(slow)
+    assert completion.generated_tokens == 4 and calls
+    assert elapsed >= 1.0  # the receiver ran in the engine thread: its second is everyone's
+
+
+def test_stop_with_queued_and_running_requests_fails_all_at_once(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=4, max_queue=16)
+    futures = [ref.ask(Generate(f"Job {i}", max_tokens=500, logit_bias=NO_EOG)) for i in range(14)]
+    assert ref.ask(GetStats())["queue_depth"] == 10
+    t0 = time.monotonic()
+    ref.stop()
+    for future in futures:
+        with pytest.raises(EngineStopped):
+            future.get(timeout=5)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_crashed_tick_restarts_under_a_supervisor(model_path: str) -> None:
+    recorder = Recorder()
+    sup = Supervisor.start(model_path=model_path, n_parallel=2, n_ctx=2048, max_restarts=3, max_seconds=30)
+    try:
+        q: queue.Queue[Any] = queue.Queue()
+        sup.tell(Stream("A long story", reply_to=q, max_tokens=500, logit_bias=NO_EOG))
+        running = sup.ask(Generate("Another", max_tokens=500, logit_bias=NO_EOG))
+        first = sup.actor_ref
+        time.sleep(0.3)
+        faults.tick = lambda n: (_ for _ in ()).throw(RuntimeError("tick crashed"))
+        t0 = time.monotonic()
+        with pytest.raises(EngineStopped, match="crashed"):
+            running.get(timeout=5)
+        event = q.get(timeout=5)
+        while not isinstance(event, Failed):
+            event = q.get(timeout=5)
+        assert isinstance(event.error, EngineStopped)
+        assert time.monotonic() - t0 < 1.0
+        faults.reset()
+        completion = generate(sup, "After the restart", max_tokens=3, logit_bias=NO_EOG, timeout=30)
+        assert completion.generated_tokens == 3
+        assert sup.actor_ref is not first and sup.restarts == 1
+        assert recorder.of("restart") or [m for k, m, _ in recorder.events if k == "server_restart"]
+        assert list(stream(sup, "Streams too", max_tokens=2, logit_bias=NO_EOG))
+    finally:
+        sup.stop()
+        pykka.ActorRegistry.stop_all()
+
+
+def test_a_supervisor_gives_up_after_max_restarts(model_path: str) -> None:
+    sup = Supervisor.start(model_path=model_path, n_parallel=1, n_ctx=512, max_restarts=2, max_seconds=30)
+    try:
+        faults.tick = lambda n: (_ for _ in ()).throw(RuntimeError("always crashes"))
+        for _ in range(3):
+            with pytest.raises(EngineError):
+                generate(sup, "doomed", max_tokens=2, timeout=10)
+        deadline = time.monotonic() + 10
+        while sup.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not sup.is_alive()
+        with pytest.raises(EngineStopped, match="gave up"):
+            sup.ask(GetStats())
+    finally:
+        faults.reset()
+        sup.stop()
+        pykka.ActorRegistry.stop_all()
+
+
+def test_load_every_request_has_exactly_one_outcome(start_server: StartServer) -> None:
+    import random
+
+    recorder = Recorder()
+    ref = start_server(n_parallel=8, max_queue=16, n_ctx=4096)
+    outcomes: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def caller(seed: int) -> None:
+        rng = random.Random(seed)
+        for k in range(8):
+            request_id = f"{seed}-{k}"
+            n = rng.randint(1, 24)
+            try:
+                if rng.random() < 0.5:
+                    c = generate(ref, f"Load {seed} {k}", max_tokens=n, request_id=request_id, timeout=120)
+                    result = c.stop_reason
+                else:
+                    pieces = stream(ref, f"Load {seed} {k}", max_tokens=n, request_id=request_id, timeout=120)
+                    for i, _ in enumerate(pieces):
+                        if rng.random() < 0.1 and i > 0:
+                            pieces.close()  # type: ignore[attr-defined]
+                            break
+                    result = "streamed"
+            except EngineError as e:
+                result = type(e).__name__
+            with lock:
+                assert request_id not in outcomes
+                outcomes[request_id] = result
+
+    threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(24)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(outcomes) == 24 * 8
+    assert set(outcomes.values()) <= {"eog", "max_tokens", "streamed", "cancelled", "QueueFull"}
+    settle(ref)
+    starts = {md["request_id"] for _, md in recorder.of("start")}
+    ends = [md["request_id"] for _, md in recorder.of("done") + recorder.of("exception")]
+    assert len(ends) == len(set(ends)) and set(ends) == starts
+    assert ref.ask(GetStats())["active_slots"] == 0
