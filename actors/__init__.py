@@ -23,6 +23,7 @@ from actors._helpers import chat, generate, stream, stream_chat
 from actors._messages import (
     Cancel,
     Chat,
+    Drain,
     Generate,
     GenerateTokens,
     GetInfo,
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "Done",
+    "Drain",
     "EngineError",
     "EngineStopped",
     "Failed",

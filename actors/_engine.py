@@ -20,7 +20,7 @@ import pykka
 
 import telemetry
 from actors._batch import BatchArrays, Segment, check_plan, lay_out
-from actors._errors import DecodeError, EngineError, InvalidRequest, QueueFull, StrategyError
+from actors._errors import DecodeError, EngineError, EngineStopped, InvalidRequest, QueueFull, StrategyError
 from actors._faults import faults
 from actors._llama import LlamaBackend
 from actors._memory import KVMemory
@@ -99,6 +99,8 @@ class Engine:
         self._eval_s = 0.0  # time inside llama_decode this tick
         self.preemptions = 0
         self.n_ticks = 0
+        self._n_deadlines = 0  # live requests with a deadline: skip the scan without them
+        self.draining = False
         # A sequence's positions stay below this; by default an even share of the
         # KV cells, never past what the model was trained on.
         self.n_ctx_slot = config.n_ctx_per_slot or min(
@@ -126,6 +128,8 @@ class Engine:
             QueueFull: every slot is busy and ``max_queue`` requests wait.
         """
         backend = self.backend
+        if self.draining:
+            raise EngineStopped("the engine is draining: it takes no new requests")
         if message.request_id in self.requests:
             raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
         if isinstance(message, STREAMING) != (reply_to is not None):
@@ -147,10 +151,21 @@ class Engine:
         if message.logprobs is not None:
             request.logprobs = []
         self.requests[request.request_id] = request
+        if message.deadline_s is not None:
+            request.deadline = request.t_admitted + message.deadline_s
+            self._n_deadlines += 1
         if free and not self.waiting:
             self._start(request, free)
         else:
-            self.waiting.append(request)
+            self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> None:
+        """Lower ``priority`` first, first come first served within a priority."""
+        key = request.message.priority
+        index = len(self.waiting)
+        while index > 0 and self.waiting[index - 1].message.priority > key:
+            index -= 1
+        self.waiting.insert(index, request)
 
     def _prompt_tokens(self, message: RequestMessage) -> list[int]:
         backend = self.backend
@@ -211,14 +226,7 @@ class Engine:
         request = self.requests.get(request_id)
         if request is None:
             return
-        if request.seq_id < 0:
-            self.waiting.remove(request)
-            completion = self._close(request, "cancelled")
-            if request.started:  # preempted, waiting to resume
-                self._emit_done(request, "cancelled")
-            self._deliver(request, completion)
-        else:
-            self._finish(self.slots[request.seq_id], "cancelled")
+        self._stop_request(request, "cancelled")
 
     # -- the tick ------------------------------------------------------------------
 
@@ -227,6 +235,8 @@ class Engine:
         self.n_ticks += 1
         if faults.tick is not None:
             faults.tick(self.n_ticks)
+        if self._n_deadlines:
+            self._expire()
         self._dequeue()
         busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
         if not busy:
@@ -254,6 +264,22 @@ class Engine:
                 },
                 {},
             )
+
+    def _expire(self) -> None:
+        """End every request past its ``deadline_s``, queued or running: ``"timeout"``."""
+        now = time.monotonic()
+        for request in [r for r in self.requests.values() if r.deadline is not None and r.deadline <= now]:
+            self._stop_request(request, "timeout")
+
+    def _stop_request(self, request: Request, stop_reason: StopReason) -> None:
+        if request.seq_id < 0:
+            self.waiting.remove(request)
+            completion = self._close(request, stop_reason)
+            if request.started:  # preempted, waiting to resume
+                self._emit_done(request, stop_reason)
+            self._deliver(request, completion)
+        else:
+            self._finish(self.slots[request.seq_id], stop_reason)
 
     def _dequeue(self) -> None:
         while self.waiting:
@@ -525,6 +551,9 @@ class Engine:
 
     def _forget(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
+        if request.deadline is not None:
+            self._n_deadlines -= 1
+            request.deadline = None
         self.backend.free_sampler(request.sampler)
         request.t_finished = time.monotonic()
 

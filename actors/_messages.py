@@ -25,6 +25,7 @@ __all__ = [
     "ROLES",
     "Cancel",
     "Chat",
+    "Drain",
     "Generate",
     "GenerateTokens",
     "GetInfo",
@@ -162,6 +163,8 @@ class _RequestMessage:
     session: str | None = None
     truncate: bool = False
     n_keep: int = 0
+    deadline_s: float | None = None
+    priority: int = 0
 
     def _check_options(self) -> None:
         _require(
@@ -212,6 +215,12 @@ class _RequestMessage:
             value = getattr(self, name)
             _require(value is None or isinstance(value, str), f"{name} must be a str or None")
         _require(isinstance(self.truncate, bool), "truncate must be a bool")
+        if self.deadline_s is not None:
+            _require(
+                _is_number(self.deadline_s) and math.isfinite(self.deadline_s) and self.deadline_s > 0,
+                f"deadline_s must be a number of seconds > 0, got {self.deadline_s!r}",
+            )
+        _require(_is_int(self.priority), f"priority must be an int, got {self.priority!r}")
         _require(_is_int(self.n_keep) and self.n_keep >= 0, "n_keep must be an int >= 0")
         if self.logprobs is not None:
             _require(
@@ -357,6 +366,17 @@ class GetStats:
 @dataclass(frozen=True, slots=True)
 class GetInfo:
     """Ask for a dict describing the loaded model and context."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Stop taking requests, finish the running and queued ones, then stop the actor.
+
+    ``ref.ask(Drain(timeout=30))`` returns a Future that resolves (to the number of
+    requests that were still unfinished and got ``EngineStopped``) once the actor stops.
+    """
+
+    timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ from actors._errors import EngineError
 
 __all__ = ["Completion", "Done", "Failed", "StopReason", "Token", "TokenLogprob", "TopLogprob"]
 
-StopReason = Literal["eog", "max_tokens", "stop", "length", "cancelled"]
+StopReason = Literal["eog", "max_tokens", "stop", "length", "cancelled", "timeout"]
 """Why a request finished: an end-of-generation token, ``max_tokens`` reached, a stop
-string, the context window full (``length``), or cancelled."""
+string, the context window full (``length``), cancelled, or past its ``deadline_s``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import logging
 import os
+import time
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
@@ -26,6 +27,7 @@ from actors._messages import (
     STREAMING,
     Cancel,
     Chat,
+    Drain,
     Generate,
     GenerateTokens,
     GetInfo,
@@ -173,6 +175,7 @@ class ServerActor(pykka.ThreadingActor):
         )
         self.actor_engine: Engine | None = None
         self._tick_scheduled = False
+        self._drain: tuple[pykka.ThreadingFuture[int], float | None] | None = None
 
     # -- lifecycle (actor thread) --------------------------------------------------
 
@@ -241,6 +244,8 @@ class ServerActor(pykka.ThreadingActor):
         if message is _TICK:
             self._tick_scheduled = False
             engine.step()
+            if self._drain is not None:
+                self._check_drain(engine)
         elif isinstance(message, Generate | GenerateTokens | Chat):
             future: pykka.ThreadingFuture[object] = pykka.ThreadingFuture()
             engine.admit(message, future=future)
@@ -262,11 +267,35 @@ class ServerActor(pykka.ThreadingActor):
             return self._info(engine)
         elif isinstance(message, GetTokenizer):
             return Tokenizer(engine.backend)
+        elif isinstance(message, Drain):
+            return self._start_drain(engine, message)
         else:
             _log.warning("ignored an unknown message: %r", message)
             return None
         self._schedule()
         return None
+
+    def _start_drain(self, engine: Engine, message: Drain) -> pykka.ThreadingFuture[int]:
+        if self._drain is None:
+            deadline = None if message.timeout is None else time.monotonic() + message.timeout
+            self._drain = (pykka.ThreadingFuture(), deadline)
+            engine.draining = True
+            self._check_drain(engine)
+            self._schedule()
+        return self._drain[0]
+
+    def _check_drain(self, engine: Engine) -> None:
+        """Stop once the work is done, or fail what is left when the drain times out."""
+        assert self._drain is not None
+        future, deadline = self._drain
+        unfinished = 0
+        if engine.has_work:
+            if deadline is None or time.monotonic() < deadline:
+                return
+            unfinished = len(engine.requests)
+            engine.fail_all(EngineStopped("the drain timed out before the request finished"))
+        future.set(unfinished)
+        self.stop()  # after this message: pending callers are already answered
 
     def _schedule(self) -> None:
         engine = self.actor_engine

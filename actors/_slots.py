@@ -55,6 +55,7 @@ class Request:
     context: list[int] = field(default_factory=list)
     started: bool = False
     preemptions: int = 0
+    deadline: float | None = None  # monotonic time by which it must end
 
     def __post_init__(self) -> None:
         if not self.context:

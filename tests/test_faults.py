@@ -224,3 +224,53 @@ def test_load_every_request_has_exactly_one_outcome(start_server: StartServer) -
     ends = [md["request_id"] for _, md in recorder.of("done") + recorder.of("exception")]
     assert len(ends) == len(set(ends)) and set(ends) == starts
     assert ref.ask(GetStats())["active_slots"] == 0
+
+
+def test_deadline_ends_running_and_queued_requests_with_timeout(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=1)
+    running = ref.ask(Generate("Long", max_tokens=2000, logit_bias=NO_EOG, deadline_s=0.5))
+    queued = ref.ask(Generate("Waits", max_tokens=5, deadline_s=0.3))
+    blocker_after = ref.ask(Generate("After", max_tokens=3, logit_bias=NO_EOG))
+    late = queued.get(timeout=10)
+    assert late.stop_reason == "timeout" and late.generated_tokens == 0
+    first = running.get(timeout=10)
+    assert first.stop_reason == "timeout" and 0 < first.generated_tokens < 2000
+    assert blocker_after.get(timeout=30).generated_tokens == 3
+
+
+def test_lower_priority_runs_first_fifo_within_a_priority(start_server: StartServer) -> None:
+    recorder = Recorder()
+    ref = start_server(n_parallel=1)
+    blocker = ref.ask(Generate("Blocker", max_tokens=30, logit_bias=NO_EOG))
+    order = [("late-low", 5), ("urgent-1", -1), ("normal", 0), ("urgent-2", -1)]
+    futures = [ref.ask(Generate(name, max_tokens=1, request_id=name, priority=p)) for name, p in order]
+    blocker.get(timeout=60)
+    for future in futures:
+        future.get(timeout=60)
+    started = [md["request_id"] for _, md in recorder.of("start")][1:]
+    assert started == ["urgent-1", "urgent-2", "normal", "late-low"]
+
+
+def test_drain_finishes_the_work_then_stops(start_server: StartServer) -> None:
+    from actors import Drain
+
+    ref = start_server(n_parallel=2)
+    futures = [ref.ask(Generate(f"Job {i}", max_tokens=20, logit_bias=NO_EOG)) for i in range(4)]
+    drained = ref.ask(Drain(timeout=60))
+    with pytest.raises(EngineStopped, match="draining"):
+        ref.ask(Generate("too late"))
+    assert all(f.get(timeout=60).generated_tokens == 20 for f in futures)
+    assert drained.get(timeout=60) == 0
+    ref.actor_stopped.wait(5)
+    assert not ref.is_alive()
+
+
+def test_a_drain_that_times_out_fails_what_is_left(start_server: StartServer) -> None:
+    from actors import Drain
+
+    ref = start_server(n_parallel=1)
+    futures = [ref.ask(Generate(f"Job {i}", max_tokens=2000, logit_bias=NO_EOG)) for i in range(3)]
+    assert ref.ask(Drain(timeout=0.3)).get(timeout=30) == 3
+    for future in futures:
+        with pytest.raises(EngineStopped, match="drain timed out"):
+            future.get(timeout=5)

@@ -49,6 +49,7 @@ def test_every_signal_in_the_table_exists_with_its_name() -> None:
         "request_exception",
         "kv_pressure",
         "ram_cache",
+        "server_restart",
     }
     for attr, name in rows:
         assert getattr(telemetry, attr).name == name
