@@ -20,6 +20,7 @@ from actors._errors import InvalidRequest
 
 __all__ = [
     "MAX_LOGPROBS",
+    "MAX_SCHEMA_DEPTH",
     "MAX_STOP_LENGTH",
     "MAX_STOP_STRINGS",
     "ROLES",
@@ -45,6 +46,8 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
 MAX_STOP_LENGTH = 256
 """Stop strings per request, and characters per stop string, at most."""
+MAX_SCHEMA_DEPTH = 32
+"""JSON Schemas nested deeper than this are refused (the grammar grows with each level)."""
 ROLES = frozenset({"system", "user", "assistant"})
 """The roles a chat message may have."""
 
@@ -195,8 +198,12 @@ class _RequestMessage:
             _require(self.grammar is None, "give json_schema or grammar, not both")
             try:
                 json.dumps(self.json_schema)
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, RecursionError) as e:
                 raise InvalidRequest(f"json_schema is not JSON: {e}") from None
+            _require(
+                _depth(self.json_schema) <= MAX_SCHEMA_DEPTH,
+                f"json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+            )
         if self.stop is not None:
             _require(
                 isinstance(self.stop, Sequence) and not isinstance(self.stop, str | bytes),
@@ -232,6 +239,15 @@ class _RequestMessage:
     def mode(self) -> Literal["generate", "stream"]:
         """``"stream"`` for messages with a ``reply_to``, else ``"generate"``."""
         return "stream" if hasattr(self, "reply_to") else "generate"
+
+
+def _depth(value: object) -> int:
+    """How deeply dicts and lists nest in a JSON value."""
+    if isinstance(value, Mapping):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
 
 
 def _check_prompt(prompt: object) -> None:
