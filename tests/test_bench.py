@@ -59,3 +59,26 @@ def test_multiturn(tmp_path: Path) -> None:
     for mode in ("| off |", "| on |", "| on + RAM |"):
         assert mode in table
     assert (tmp_path / "multiturn.png").exists()
+
+
+@pytest.mark.timeout(450)
+def test_soak() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "soak.py"),
+            "--requests",
+            "60",
+            "--threads",
+            "12",
+            "--max-tokens",
+            "6",
+            "--max-rss-growth",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert "OK: every request had exactly one outcome" in result.stdout, result.stdout + result.stderr[-2000:]
