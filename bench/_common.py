@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EOG_IDS = (0, 2, 4)  # SmolLM2's end-of-generation tokens, banned to make every request equal work
@@ -137,6 +138,14 @@ def pyplot():  # type: ignore[no-untyped-def]
         print("matplotlib is not installed (pip install -e '.[bench]'): no plot written")
         return None
     return plt
+
+
+def save_figure(plt: Any, fig: Any, path: Path, title: str = "") -> None:
+    """Title the figure with the machine, write it as a PNG and free it."""
+    fig.suptitle(f"{title}{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def median(values: Sequence[float]) -> float:

@@ -23,8 +23,8 @@ from pathlib import Path
 # Run as a script: import from the repository root, not bench/.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from actors import Chat, ServerActor  # noqa: E402
-from bench._common import RESULTS, machine, markdown_table, percentile, pyplot, write_result  # noqa: E402
+from actors import Chat, ServerActor
+from bench._common import RESULTS, machine, markdown_table, percentile, pyplot, save_figure, write_result
 
 MODES = {
     "off": {"cache_prompt": False},
@@ -120,10 +120,7 @@ def main() -> None:
         ax.set(ylabel="TTFT (ms)", title="Multi-turn chat: time to first token")
         ax.legend()
         ax.grid(alpha=0.3, axis="y")
-        fig.suptitle(machine(), fontsize=7)
-        fig.tight_layout()
-        fig.savefig(args.out / "multiturn.png", dpi=110)
-        plt.close(fig)
+        save_figure(plt, fig, args.out / "multiturn.png")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ from typing import Any
 # would shadow the strategies package).
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import telemetry  # noqa: E402
-from actors import GenerateTokens, ServerActor  # noqa: E402
-from bench._common import NO_EOG, RESULTS, machine, markdown_table, pyplot, write_result  # noqa: E402
+import telemetry
+from actors import GenerateTokens, ServerActor
+from bench._common import NO_EOG, RESULTS, machine, markdown_table, pyplot, save_figure, write_result
 
 
 class TickClock:
@@ -160,10 +160,7 @@ def main() -> None:
         left.set_ylim(bottom=0)
         for ax in (left, right):
             ax.grid(alpha=0.3)
-        fig.suptitle(machine(), fontsize=8)
-        fig.tight_layout()
-        fig.savefig(args.out / "scaling.png", dpi=110)
-        plt.close(fig)
+        save_figure(plt, fig, args.out / "scaling.png")
 
 
 if __name__ == "__main__":

@@ -24,9 +24,9 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import telemetry  # noqa: E402
-from actors import EngineError, GetStats, ServerActor, generate, stream  # noqa: E402
-from bench._common import machine  # noqa: E402
+import telemetry
+from actors import EngineError, GetStats, ServerActor, generate, stream
+from bench._common import machine
 
 
 def rss_mb() -> float:

@@ -25,9 +25,18 @@ from typing import Any
 # would shadow the strategies package).
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import strategies  # noqa: E402
-from actors import Cancel, Done, Failed, GenerateTokens, ServerActor, StreamTokens, Token  # noqa: E402
-from bench._common import NO_EOG, RESULTS, machine, markdown_table, percentile, pyplot, write_result  # noqa: E402
+import strategies
+from actors import Cancel, Done, Failed, GenerateTokens, ServerActor, StreamTokens, Token
+from bench._common import (
+    NO_EOG,
+    RESULTS,
+    machine,
+    markdown_table,
+    percentile,
+    pyplot,
+    save_figure,
+    write_result,
+)
 
 CANDIDATES: dict[str, strategies.BatchStrategy] = {
     "DecodeMaximal": strategies.DecodeMaximal(),
@@ -165,10 +174,7 @@ def main() -> None:
         for ax in (left, right):
             ax.set_xticks(list(x), names, rotation=15)
             ax.grid(alpha=0.3, axis="y")
-        fig.suptitle(machine(), fontsize=8)
-        fig.tight_layout()
-        fig.savefig(args.out / "strategies.png", dpi=110)
-        plt.close(fig)
+        save_figure(plt, fig, args.out / "strategies.png")
 
 
 if __name__ == "__main__":

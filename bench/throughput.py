@@ -26,8 +26,8 @@ from pathlib import Path
 # would shadow the strategies package).
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from actors import default_model_path  # noqa: E402
-from bench._common import (  # noqa: E402
+from actors import default_model_path
+from bench._common import (
     RESULTS,
     Measurement,
     machine,
@@ -35,9 +35,10 @@ from bench._common import (  # noqa: E402
     percentile,
     prompts,
     pyplot,
+    save_figure,
     write_result,
 )
-from bench._systems import ALL, available  # noqa: E402
+from bench._systems import ALL, available
 
 HEADER = [
     "system",
@@ -132,10 +133,7 @@ def plot(
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.grid(alpha=0.3)
     left.legend()
-    fig.suptitle(f"SmolLM2-135M Q4_1, greedy; {machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, "SmolLM2-135M Q4_1, greedy; ")
 
 
 def main() -> None:
