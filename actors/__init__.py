@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from actors._aio import achat, agenerate, astream, astream_chat
 from actors._errors import (
     ConfigError,
     DecodeError,
@@ -77,6 +78,10 @@ __all__ = [
     "Tokenizer",
     "TopLogprob",
     "__version__",
+    "achat",
+    "agenerate",
+    "astream",
+    "astream_chat",
     "chat",
     "default_model_path",
     "generate",

@@ -1,0 +1,134 @@
+"""asyncio helpers: ``agenerate``, ``astream``, ``achat``, ``astream_chat``.
+
+They run on the caller's event loop and never block it: every request goes to the
+engine as a stream whose ``reply_to`` hands each event to the loop with
+``loop.call_soon_threadsafe`` (awaiting a pykka future would block the loop; a thread
+per token would be slow). Cancelling the awaiting task cancels the request and frees
+its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import pykka
+
+from actors._errors import EngineStopped, RequestTimeout
+from actors._helpers import _target, _tell_cancel
+from actors._messages import Stream, StreamChat, StreamTokens
+from actors._results import Completion, Done, Failed, Token
+
+__all__ = ["achat", "agenerate", "astream", "astream_chat"]
+
+_LIVENESS_POLL_S = 0.25
+Event = Token | Done | Failed
+
+
+class _LoopQueue:
+    """A ``reply_to`` that moves events from the engine thread onto an event loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+
+    def put(self, event: Event) -> None:
+        # Raises RuntimeError once the loop is closed: the engine then cancels the request.
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+async def _events(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[Event]:
+    target: pykka.ActorRef[Any] = _target(ref)
+    channel = _LoopQueue()
+    message = make(channel)
+    try:
+        target.tell(message)
+    except pykka.ActorDeadError as e:
+        raise EngineStopped(f"the engine is not running: {e}") from None
+    finished = False
+    try:
+        while True:
+            event = await _next(target, channel.queue, timeout)
+            if isinstance(event, Done | Failed):
+                finished = True
+            yield event
+            if finished:
+                return
+    finally:
+        if not finished:  # the task was cancelled, timed out or stopped iterating
+            _tell_cancel(target, message.request_id)
+
+
+async def _next(target: pykka.ActorRef[Any], queue: asyncio.Queue[Event], timeout: float | None) -> Event:
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while True:
+        wait = (
+            _LIVENESS_POLL_S if deadline is None else max(min(_LIVENESS_POLL_S, deadline - loop.time()), 0.0)
+        )
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(queue.get(), wait)
+        if deadline is not None and loop.time() >= deadline:
+            raise RequestTimeout(f"nothing from the engine within {timeout} s; request cancelled")
+        if not target.is_alive():
+            raise EngineStopped("the engine stopped before the request finished")
+
+
+def _stream_message(prompt: str | Sequence[int], options: dict[str, Any]) -> Any:
+    if isinstance(prompt, str):
+        return lambda channel: Stream(prompt, reply_to=channel, **options)
+    return lambda channel: StreamTokens(prompt, reply_to=channel, **options)
+
+
+async def _complete(ref: Any, make: Any, timeout: float | None) -> Completion:
+    async for event in _events(ref, make, timeout):
+        if isinstance(event, Done):
+            return event.completion
+        if isinstance(event, Failed):
+            raise event.error
+    raise EngineStopped("the stream ended without a result")  # unreachable: _events ends on Done/Failed
+
+
+async def _texts(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[str]:
+    async for event in _events(ref, make, timeout):
+        if isinstance(event, Token):
+            if event.text:
+                yield event.text
+        elif isinstance(event, Failed):
+            raise event.error
+
+
+async def agenerate(
+    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = None, **options: Any
+) -> Completion:
+    """Await the ``Completion`` of ``prompt``; as ``generate`` but on the event loop.
+
+    ``timeout`` bounds the wait for each event from the engine.
+    """
+    return await _complete(ref, _stream_message(prompt, options), timeout)
+
+
+def astream(
+    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = None, **options: Any
+) -> AsyncIterator[str]:
+    """Async-iterate the text pieces of a completion; leaving the loop early cancels it.
+
+    Invalid options raise ``InvalidRequest`` at the first iteration.
+    """
+    return _texts(ref, _stream_message(prompt, options), timeout)
+
+
+async def achat(
+    ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None, **options: Any
+) -> Completion:
+    """Await the reply to a conversation; as ``chat`` but on the event loop."""
+    return await _complete(ref, lambda channel: StreamChat(messages, reply_to=channel, **options), timeout)
+
+
+def astream_chat(
+    ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None, **options: Any
+) -> AsyncIterator[str]:
+    """Async-iterate the reply to a conversation piece by piece."""
+    return _texts(ref, lambda channel: StreamChat(messages, reply_to=channel, **options), timeout)
