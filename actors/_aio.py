@@ -9,10 +9,9 @@ its slot.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -21,7 +20,14 @@ from actors._helpers import _target, _tell_cancel
 from actors._messages import Stream, StreamChat, StreamTokens
 from actors._results import Completion, Done, Failed, Token
 
+if TYPE_CHECKING:
+    import asyncio
+
 __all__ = ["achat", "agenerate", "astream", "astream_chat"]
+
+# asyncio is imported when first used, not with the package: importing it pulls in
+# concurrent.futures, which a script named concurrent.py beside the caller (as
+# examples/concurrent.py is) would shadow.
 
 _LIVENESS_POLL_S = 0.25
 Event = Token | Done | Failed
@@ -31,6 +37,8 @@ class _LoopQueue:
     """A ``reply_to`` that moves events from the engine thread onto an event loop."""
 
     def __init__(self) -> None:
+        import asyncio
+
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -62,6 +70,8 @@ async def _events(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[E
 
 
 async def _next(target: pykka.ActorRef[Any], queue: asyncio.Queue[Event], timeout: float | None) -> Event:
+    import asyncio
+
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while True:

@@ -76,3 +76,10 @@ def test_all_lists_exactly_the_public_names() -> None:
             if getattr(vars(module)[n], "__module__", "").startswith(module.__name__)
         }
         assert not missing, f"{module.__name__} exports these without __all__: {missing}"
+
+
+def test_the_version_matches_the_package_metadata() -> None:
+    from importlib.metadata import version
+
+    assert actors.__version__ == version("llama-cpp-actors")
+    assert f"## {actors.__version__}" in (Path(__file__).resolve().parent.parent / "CHANGELOG.md").read_text()
