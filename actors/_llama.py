@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,9 +101,21 @@ class LlamaBackend:
     tick allocates nothing per token.
     """
 
-    def __init__(self, options: BackendOptions) -> None:
+    def __init__(self, options: BackendOptions, on_progress: Callable[[float], None] | None = None) -> None:
         self.options = options
         model_params = _lc.llama_model_default_params()
+        if on_progress is not None:
+            # llama.cpp calls it from the loading thread (this one); returning False
+            # would abort the load, so a failing callback is only logged.
+            def report(progress: float, _user_data: Any) -> bool:
+                try:
+                    on_progress(float(progress))
+                except Exception:
+                    _log.exception("model-load progress callback raised")
+                return True
+
+            self._progress = _lc.llama_progress_callback(report)  # kept alive while loading
+            model_params.progress_callback = self._progress
         model_params.n_gpu_layers = options.n_gpu_layers
         model_params.use_mmap = options.use_mmap
         model_params.use_mlock = options.use_mlock

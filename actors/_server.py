@@ -20,6 +20,7 @@ from typing import Any
 
 import pykka
 
+import telemetry
 from actors._engine import Engine, EngineConfig
 from actors._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
 from actors._llama import BackendOptions, LlamaBackend, default_n_threads
@@ -181,8 +182,20 @@ class ServerActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         """Load the model and make the context (actor thread)."""
+        path = self.actor_options.model_path
+        t0 = time.perf_counter()
+
+        def progress(fraction: float) -> None:
+            if telemetry.model_load.receivers:
+                telemetry.emit(
+                    telemetry.model_load,
+                    self.actor_ref,
+                    {"progress": fraction, "load_ms": None},
+                    {"model_path": path},
+                )
+
         try:
-            backend = LlamaBackend(self.actor_options)
+            backend = LlamaBackend(self.actor_options, on_progress=progress)
         except Exception as e:
             _crashes[self.actor_urn] = f"loading failed: {e!r}"
             raise
@@ -190,6 +203,14 @@ class ServerActor(pykka.ThreadingActor):
             _log.warning("n_batch clamped by llama.cpp to %d", backend.n_batch)
         self.actor_engine = Engine(backend, self.actor_config, self.actor_ref)
         _live_servers.add(self)
+        if telemetry.model_load.receivers:
+            load_ms = (time.perf_counter() - t0) * 1000.0
+            telemetry.emit(
+                telemetry.model_load,
+                self.actor_ref,
+                {"progress": 1.0, "load_ms": load_ms},
+                {"model_path": path},
+            )
 
     def on_stop(self) -> None:
         """Fail what is pending, free the model (actor thread)."""

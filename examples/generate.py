@@ -6,7 +6,10 @@ Run: ``python examples/generate.py`` (``make demo`` does).
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
+import telemetry
 from actors import GetStats, ServerActor, generate
 
 
@@ -16,6 +19,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=200)
     args = parser.parse_args()
 
+    drawn = [-1]
+
+    def show_progress(sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        done = int(measurements["progress"] * 30)
+        if measurements["load_ms"] is not None:
+            sys.stderr.write(f"\rloading [{'#' * 30}] loaded in {measurements['load_ms']:.0f} ms\n")
+        elif done != drawn[0]:
+            drawn[0] = done
+            sys.stderr.write(f"\rloading [{'#' * done}{'.' * (30 - done)}]")
+
+    telemetry.model_load.connect(show_progress)  # a progress bar while a big model loads
     ref = ServerActor.start(n_parallel=2, n_ctx=4096)
     try:
         completion = generate(ref, args.prompt, max_tokens=args.max_tokens, temp=0.7, timeout=120)

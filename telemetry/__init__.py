@@ -32,6 +32,8 @@ signal                 measurements                                  metadata
 ``ram_cache``          ``tokens``, ``bytes`` (of the entry),         ``event`` (``save``,
                        ``entries``, ``bytes_used`` (of the cache)    ``restore``, ``evict``),
                                                                      ``scope``
+``model_load``         ``progress`` (0..1), ``load_ms`` (None until   ``model_path``
+                       the engine is ready)
 ``server_restart``     ``restarts`` (so far), ``backoff_ms``         ``reason`` (sender: the
                                                                      ``Supervisor``)
 =====================  ============================================  =======================
@@ -53,6 +55,7 @@ __all__ = [
     "NAMESPACE",
     "emit",
     "kv_pressure",
+    "model_load",
     "ram_cache",
     "request_done",
     "request_exception",
@@ -86,6 +89,10 @@ request_exception = NAMESPACE.signal(
 kv_pressure = NAMESPACE.signal(
     "llama_cpp_actors.server.kv_pressure",
     doc="The KV cache ran out: idle caches purged, a batch split, a request preempted, a context shifted.",
+)
+model_load = NAMESPACE.signal(
+    "llama_cpp_actors.server.model_load",
+    doc="Model-load progress from llama.cpp, then the load time once the engine is ready.",
 )
 server_restart = NAMESPACE.signal(
     "llama_cpp_actors.server.restart",

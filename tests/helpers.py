@@ -20,6 +20,7 @@ SIGNALS = {
     "kv_pressure": telemetry.kv_pressure,
     "ram_cache": telemetry.ram_cache,
     "restart": telemetry.server_restart,
+    "model_load": telemetry.model_load,
 }
 
 

@@ -50,6 +50,7 @@ def test_every_signal_in_the_table_exists_with_its_name() -> None:
         "kv_pressure",
         "ram_cache",
         "server_restart",
+        "model_load",
     }
     for attr, name in rows:
         assert getattr(telemetry, attr).name == name

@@ -228,3 +228,13 @@ def test_seeded_sampling_is_reproducible(server: pykka.ActorRef[Any]) -> None:
     a = generate(server, "My favourite animal is", max_tokens=16, temp=1.0, seed=1234)
     b = generate(server, "My favourite animal is", max_tokens=16, temp=1.0, seed=1234)
     assert a.token_ids == b.token_ids
+
+
+def test_model_load_reports_progress_then_the_load_time(start_server: Callable[..., Any]) -> None:
+    recorder = Recorder()
+    ref = start_server(n_parallel=1)
+    ref.ask(GetStats())  # on_start has run
+    events = [m for m, _ in recorder.of("model_load")]
+    progress = [m["progress"] for m in events]
+    assert progress == sorted(progress) and progress[-1] == 1.0 and len(progress) >= 2
+    assert events[-1]["load_ms"] > 0 and all(m["load_ms"] is None for m in events[:-1])
