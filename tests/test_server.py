@@ -213,6 +213,7 @@ def test_stats_and_info(server: pykka.ActorRef[Any], model_path: str) -> None:
 
 def test_idle_engine_stops_ticking(server: pykka.ActorRef[Any], recorder: Recorder) -> None:
     generate(server, "Hi", max_tokens=3)
+    server.ask(GetStats())  # handled after the last tick, whose signal follows the reply
     n = len(recorder.of("tick"))
     time.sleep(0.3)
     assert len(recorder.of("tick")) == n
