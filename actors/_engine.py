@@ -389,8 +389,7 @@ class Engine:
     def _preempt(self, slot: Slot) -> None:
         request = slot.release()
         assert request is not None
-        self.memory.backend.seq_clear(slot.seq_id)
-        slot.cached.clear()
+        self.memory.drop(slot)
         request.context = request.prompt + request.token_ids
         request.seq_id = -1
         request.preemptions += 1
@@ -515,8 +514,7 @@ class Engine:
         request = slot.release()
         assert request is not None
         if slot.shifted:  # its positions were rewritten: no later prompt may reuse it
-            self.memory.backend.seq_clear(slot.seq_id)
-            slot.cached.clear()
+            self.memory.drop(slot)
         completion = self._close(request, stop_reason)
         self._emit_done(request, stop_reason)
         self._deliver(request, completion)
@@ -572,8 +570,7 @@ class Engine:
         """Fail the slot's request and drop its KV (it may be half written)."""
         request = slot.release()
         assert request is not None
-        self.backend.seq_clear(slot.seq_id)
-        slot.cached.clear()
+        self.memory.drop(slot)
         self._forget(request)
         self._emit_exception(request, error)
         self._deliver_error(request, error)

@@ -146,8 +146,12 @@ class KVMemory:
             self._ram_event("save", entry)
 
     def forget(self, slot: Slot) -> None:
-        """Drop a slot's KV (saving it first if it is worth keeping)."""
+        """Drop a slot's KV, saving it first if it is worth keeping."""
         self.save(slot)
+        self.drop(slot)
+
+    def drop(self, slot: Slot) -> None:
+        """Drop a slot's KV without saving it (half written, shifted or preempted)."""
         self.backend.seq_clear(slot.seq_id)
         slot.cached.clear()
 
