@@ -261,8 +261,10 @@ class Engine:
                     "active_slots": sum(1 for s in self.slots if s.state is not SlotState.IDLE),
                     "queue_depth": len(self.waiting),
                     "eval_ms": eval_ms,
+                    "kv_cells_used": sum(len(s.cached) for s in self.slots),
+                    "kv_cells_total": self.backend.n_ctx,
                 },
-                {},
+                {"slots": tuple(self._slot_sample(slot) for slot in self.slots)},
             )
 
     def _expire(self) -> None:
@@ -601,6 +603,20 @@ class Engine:
             self._deliver_error(request, error)
 
     # -- telemetry and introspection ---------------------------------------------
+
+    @staticmethod
+    def _slot_sample(slot: Slot) -> telemetry.SlotSample:
+        request = slot.request
+        if request is None:
+            return telemetry.SlotSample(slot.seq_id, slot.state.name.lower(), None, 0, 0, len(slot.cached))
+        return telemetry.SlotSample(
+            slot.seq_id,
+            slot.state.name.lower(),
+            request.request_id,
+            len(request.prompt),
+            len(request.token_ids),
+            len(slot.cached),
+        )
 
     @staticmethod
     def _metadata(request: Request) -> dict[str, Any]:

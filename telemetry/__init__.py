@@ -12,9 +12,10 @@ connected.
 =====================  ============================================  =======================
 signal                 measurements                                  metadata
 =====================  ============================================  =======================
-``tick``               ``batch_size``, ``decode_tokens``,            (none)
-                       ``prefill_tokens``, ``active_slots``,
-                       ``queue_depth``, ``eval_ms``
+``tick``               ``batch_size``, ``decode_tokens``,            ``slots``: a tuple of
+                       ``prefill_tokens``, ``active_slots``,         ``SlotSample``, one
+                       ``queue_depth``, ``eval_ms``,                 per slot
+                       ``kv_cells_used``, ``kv_cells_total``
 ``request_start``      ``prompt_tokens``, ``prefix_cache_tokens``    ``request_id``,
                                                                      ``seq_id``, ``mode``
 ``request_done``       ``prompt_tokens``, ``generated_tokens``,      ``request_id``,
@@ -47,12 +48,14 @@ error's message.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from blinker import NamedSignal, Namespace
 
 __all__ = [
     "NAMESPACE",
+    "SlotSample",
     "emit",
     "kv_pressure",
     "model_load",
@@ -102,6 +105,23 @@ ram_cache = NAMESPACE.signal(
     "llama_cpp_actors.server.ram_cache",
     doc="The RAM prompt cache saved, restored or evicted a sequence's KV.",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SlotSample:
+    """One slot as the ``tick`` signal saw it after its forward pass.
+
+    ``state`` is ``"idle"``, ``"prefilling"`` or ``"generating"``; ``request_id``,
+    ``prompt_tokens`` and ``generated_tokens`` describe the request it serves (None and 0
+    when idle); ``kv_tokens`` is how many KV cells the slot's sequence holds.
+    """
+
+    seq_id: int
+    state: str
+    request_id: str | None
+    prompt_tokens: int
+    generated_tokens: int
+    kv_tokens: int
 
 
 def emit(signal: NamedSignal, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:

@@ -83,6 +83,18 @@ def test_eight_streams_on_four_slots_batch_their_decodes(
     decode_batches = [m["decode_tokens"] for m, _ in recorder.of("tick")]
     assert max(decode_batches) == 4
     assert all(m["batch_size"] <= 2048 for m, _ in recorder.of("tick"))
+    # The tick's slot samples follow each request: prompt, then one more token per tick.
+    seen: dict[str, list[int]] = {}
+    for m, md in recorder.of("tick"):
+        samples = md["slots"]
+        assert [s.seq_id for s in samples] == [0, 1, 2, 3]
+        assert m["active_slots"] == sum(s.state != "idle" for s in samples)
+        assert m["kv_cells_used"] == sum(s.kv_tokens for s in samples) <= m["kv_cells_total"]
+        for s in samples:
+            if s.request_id is not None:
+                seen.setdefault(s.request_id, []).append(s.generated_tokens)
+    assert len(seen) == 8
+    assert all(counts == sorted(counts) and counts[-1] == 23 for counts in seen.values())
 
 
 def test_every_request_has_one_start_and_one_end(server: pykka.ActorRef[Any], recorder: Recorder) -> None:

@@ -1,0 +1,98 @@
+"""telemetry.prometheus: the exposition text after real requests says what happened."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pykka
+import pytest
+
+from actors import GetStats, generate
+from tests.helpers import NO_EOG
+
+prometheus_client = pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from telemetry.prometheus import PrometheusExporter  # noqa: E402
+
+
+def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the exposition text, keyed by name and sorted labels."""
+    text = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    labels.setdefault("replica", "")
+    return samples[(f"llama_cpp_actors_{name}", tuple(sorted(labels.items())))]
+
+
+def test_exposition_after_real_requests(server: pykka.ActorRef[Any]) -> None:
+    registry = CollectorRegistry()
+    exporter = PrometheusExporter(registry)
+    try:
+        system = "You are a terse assistant who answers in one short sentence. " * 6
+        first = generate(server, system + "Q: sky?", max_tokens=4, logit_bias=NO_EOG)
+        second = generate(server, system + "Q: sea?", max_tokens=6, logit_bias=NO_EOG)
+        third = generate(server, "Hi", max_tokens=3, stop=[first.text[:1] or "x"], logit_bias=NO_EOG)
+        stats = server.ask(GetStats())  # the last tick's signal has fired once this returns
+        samples = scrape(registry)
+    finally:
+        exporter.close()
+    assert scrape(registry) == {}  # close() unregistered every metric
+    completions = [first, second, third]
+
+    by_reason: dict[str, int] = {}
+    for c in completions:
+        by_reason[c.stop_reason] = by_reason.get(c.stop_reason, 0) + 1
+    for reason, count in by_reason.items():
+        assert value(samples, "requests_total", stop_reason=reason) == count
+    prompt = sum(c.prompt_tokens for c in completions)
+    cached = sum(c.prefix_cache_tokens for c in completions)
+    assert value(samples, "prompt_tokens_total") == prompt
+    assert value(samples, "generated_tokens_total") == sum(c.generated_tokens for c in completions)
+    assert value(samples, "prefix_cache_tokens_total") == cached
+    assert second.prefix_cache_tokens > 0  # the shared system prompt came from the cache
+    assert value(samples, "prefix_cache_hit_ratio") == pytest.approx(cached / prompt)
+
+    assert value(samples, "time_to_first_token_seconds_count") == 3
+    assert value(samples, "request_duration_seconds_count") == 3
+    assert value(samples, "request_duration_seconds_sum") == pytest.approx(
+        sum(c.duration_ms for c in completions) / 1000.0, rel=1e-6
+    )
+    assert value(samples, "time_to_first_token_seconds_sum") <= value(samples, "request_duration_seconds_sum")
+    ticks = value(samples, "tick_batch_tokens_count")
+    assert ticks >= 4 + 6 + 1  # at least one tick per decoded token
+    # Every prompt token not cached was evaluated, and every token but each request's last.
+    assert value(samples, "tick_batch_tokens_sum") >= prompt - cached + 3 + 5
+    assert value(samples, "tick_eval_seconds_count") == ticks
+    assert value(samples, "tick_batch_tokens_bucket", le="+Inf") == ticks
+    # After the last tick nothing runs or waits, and the idle caches still hold KV.
+    assert value(samples, "queue_depth") == 0
+    assert value(samples, "active_slots") == 0
+    assert value(samples, "kv_cells_used") == stats["kv_cells_used"] > 0
+    assert value(samples, "kv_usage_ratio") == pytest.approx(stats["kv_cells_used"] / stats["kv_cells_total"])
+
+
+def test_close_unsubscribes_and_frees_the_default_registry(server: pykka.ActorRef[Any]) -> None:
+    exporter = PrometheusExporter()  # the default registry
+    try:
+        generate(server, "Hello", max_tokens=2)
+        assert value(scrape(REGISTRY), "generated_tokens_total") >= 1
+    finally:
+        exporter.close()
+    exporter.close()  # idempotent
+    # Closed: the names are free again, and the old exporter no longer counts.
+    again = PrometheusExporter()
+    try:
+        before = exporter.generated_tokens.labels("")._value.get()
+        generate(server, "Hello", max_tokens=2)
+        assert exporter.generated_tokens.labels("")._value.get() == before
+        assert value(scrape(REGISTRY), "generated_tokens_total") >= 1
+    finally:
+        again.close()
