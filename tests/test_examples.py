@@ -60,3 +60,21 @@ def test_custom_strategy() -> None:
 def test_chat() -> None:
     out = run("chat.py", "--max-tokens", "12")
     assert "assistant:" in out and "json: {" in out and "stop at" in out and "tokens: [" in out
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_live_view() -> None:
+    pytest.importorskip("rich", reason="the dashboard extra is not installed")
+    out = run("dashboard.py", "--requests", "4", "--concurrency", "2", "--max-tokens", "6", "--n-parallel", "2")
+    assert re.search(r"started 4\s+done 4\s+failed 0", out), out
+    assert len(re.findall(r"│ -\s+│\s+[01] │ idle", out)) == 2, out  # both slots, idle at the end
+    assert re.search(r"│\s+4 │\s+\d+ ms │", out), out  # four TTFTs in the percentiles
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the dashboard extra is not installed")
+    png = tmp_path / "run.png"
+    out = run("dashboard.py", "--requests", "4", "--concurrency", "2", "--max-tokens", "6", "--png", str(png))
+    assert "4 done, 0 failed" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
