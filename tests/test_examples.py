@@ -65,7 +65,8 @@ def test_chat() -> None:
 @pytest.mark.timeout(300)
 def test_dashboard_live_view() -> None:
     pytest.importorskip("rich", reason="the dashboard extra is not installed")
-    out = run("dashboard.py", "--requests", "4", "--concurrency", "2", "--max-tokens", "6", "--n-parallel", "2")
+    args = ["--requests", "4", "--concurrency", "2", "--max-tokens", "6", "--n-parallel", "2"]
+    out = run("dashboard.py", *args)
     assert re.search(r"started 4\s+done 4\s+failed 0", out), out
     assert len(re.findall(r"│ -\s+│\s+[01] │ idle", out)) == 2, out  # both slots, idle at the end
     assert re.search(r"│\s+4 │\s+\d+ ms │", out), out  # four TTFTs in the percentiles
