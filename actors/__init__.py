@@ -37,6 +37,7 @@ from actors._messages import (
     StreamTokens,
 )
 from actors._model import default_model_path
+from actors._pool import ServerPool
 from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
 from actors._server import ServerActor
 from actors._supervisor import Supervisor
@@ -67,6 +68,7 @@ __all__ = [
     "RequestTimeout",
     "SamplingParams",
     "ServerActor",
+    "ServerPool",
     "StopReason",
     "StrategyError",
     "Stream",

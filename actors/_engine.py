@@ -53,7 +53,7 @@ class EngineConfig:
 
     __slots__ = (
         "batch_strategy", "cache_prompt", "chunk_size", "context_shift", "defaults", "max_queue",
-        "n_ctx_per_slot", "ram_budget_bytes",
+        "n_ctx_per_slot", "name", "ram_budget_bytes",
     )  # fmt: skip
 
     def __init__(
@@ -67,7 +67,9 @@ class EngineConfig:
         n_ctx_per_slot: int | None = None,
         context_shift: bool = True,
         ram_budget_bytes: int = 0,
+        name: str | None = None,
     ) -> None:
+        self.name = name
         self.chunk_size = chunk_size
         self.max_queue = max_queue
         self.cache_prompt = cache_prompt
@@ -214,9 +216,8 @@ class Engine:
         request.prefix_cache_tokens = n_reuse
         request.t_started = time.monotonic()
         if telemetry.request_start.receivers:
-            telemetry.emit(
+            self._send(
                 telemetry.request_start,
-                self.sender,
                 {"prompt_tokens": len(request.prompt), "prefix_cache_tokens": n_reuse},
                 {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
             )
@@ -251,9 +252,8 @@ class Engine:
         eval_ms = self._eval_s * 1000.0
         if telemetry.tick.receivers:
             n_decode = sum(1 for s in segments if s.decode)
-            telemetry.emit(
+            self._send(
                 telemetry.tick,
-                self.sender,
                 {
                     "batch_size": n_tokens,
                     "decode_tokens": n_decode,
@@ -402,17 +402,22 @@ class Engine:
     def _kv_event(self, event: str, measurements: dict[str, Any], request: Request | None = None) -> None:
         if telemetry.kv_pressure.receivers:
             used = sum(len(s.cached) for s in self.slots)
-            telemetry.emit(
+            self._send(
                 telemetry.kv_pressure,
-                self.sender,
                 {**measurements, "kv_cells_used": used, "kv_cells_total": self.backend.n_ctx},
                 {"event": event, "request_id": request.request_id if request else None},
             )
 
+    def _send(self, signal: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """Emit ``signal`` as this engine, its ``name`` in ``metadata["replica"]`` when it has one."""
+        if self.config.name is not None:
+            metadata = {**metadata, "replica": self.config.name}
+        telemetry.emit(signal, self.sender, measurements, metadata)
+
     def _emit(self, name: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         signal = getattr(telemetry, name)
         if signal.receivers:
-            telemetry.emit(signal, self.sender, measurements, metadata)
+            self._send(signal, measurements, metadata)
 
     def _commit(self, segments: list[Segment], start: int) -> None:
         """Record decoded rows in their slots, then sample the rows that asked for logits."""
@@ -525,7 +530,7 @@ class Engine:
         if telemetry.request_done.receivers:
             metadata = self._metadata(request)
             metadata["stop_reason"] = stop_reason
-            telemetry.emit(telemetry.request_done, self.sender, self._measurements(request), metadata)
+            self._send(telemetry.request_done, self._measurements(request), metadata)
 
     def _close(self, request: Request, stop_reason: StopReason) -> Completion:
         """Forget the request, free its sampler and build its ``Completion``."""
@@ -582,7 +587,7 @@ class Engine:
             metadata = self._metadata(request)
             metadata["stop_reason"] = "error"
             metadata["reason"] = str(error)
-            telemetry.emit(telemetry.request_exception, self.sender, self._measurements(request), metadata)
+            self._send(telemetry.request_exception, self._measurements(request), metadata)
 
     def _deliver_error(self, request: Request, error: EngineError) -> None:
         if request.future is not None:

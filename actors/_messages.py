@@ -14,9 +14,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from actors._errors import InvalidRequest
+
+if TYPE_CHECKING:
+    import pykka
 
 __all__ = [
     "MAX_LOGPROBS",
@@ -140,6 +143,18 @@ class SamplingParams:
         return SamplingParams(**values)
 
 
+def _thaw(value: Any) -> Any:
+    if isinstance(value, MappingProxyType):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple) and any(isinstance(v, MappingProxyType) for v in value):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _rebuild(cls: type[Any], values: dict[str, Any]) -> Any:
+    return cls(**values)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _RequestMessage:
     """Options shared by every request message (all keyword-only)."""
@@ -168,6 +183,11 @@ class _RequestMessage:
     n_keep: int = 0
     deadline_s: float | None = None
     priority: int = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable (a ServerPool sends requests to Ray replicas): frozen mappings are
+        # rebuilt from plain dicts, and every check runs again on the other side.
+        return (_rebuild, (type(self), {f.name: _thaw(getattr(self, f.name)) for f in fields(self)}))
 
     def _check_options(self) -> None:
         _require(
@@ -393,6 +413,18 @@ class Drain:
     """
 
     timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    """Admit ``message`` (Generate, GenerateTokens or Chat) and complete ``future``.
+
+    Internal: a ``ServerPool`` passes the future it hands to its caller, so it learns
+    when the request ends without a thread per request. ``ask`` answers None once admitted.
+    """
+
+    message: Generate | GenerateTokens | Chat
+    future: pykka.ThreadingFuture[object]
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from actors._messages import (
     GetStats,
     GetTokenizer,
     SamplingParams,
+    _Submit,
 )
 from actors._model import resolve_model_path
 from actors._results import Failed
@@ -121,8 +122,11 @@ class ServerActor(pykka.ThreadingActor):
         n_ctx_per_slot: int | None = None,
         context_shift: bool = True,
         prompt_cache_ram_mb: float = 0,
+        name: str | None = None,
     ) -> None:
         super().__init__()
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(f"name must be a non-empty str or None, got {name!r}")
         n_ctx = _positive("n_ctx", n_ctx)
         n_parallel = _positive("n_parallel", n_parallel)
         n_batch = _positive("n_batch", n_batch) if n_batch is not None else min(n_ctx, 2048)
@@ -173,8 +177,10 @@ class ServerActor(pykka.ThreadingActor):
             n_ctx_per_slot=n_ctx_per_slot,
             context_shift=bool(context_shift),
             ram_budget_bytes=int(prompt_cache_ram_mb * 1024 * 1024),
+            name=name,
         )
         self.actor_engine: Engine | None = None
+        self._who = "the engine" if name is None else f"the engine {name!r}"  # in error messages
         self._tick_scheduled = False
         self._drain: tuple[pykka.ThreadingFuture[int], float | None] | None = None
 
@@ -184,6 +190,10 @@ class ServerActor(pykka.ThreadingActor):
         """Load the model and make the context (actor thread)."""
         path = self.actor_options.model_path
         t0 = time.perf_counter()
+        name = self.actor_config.name
+        labels: dict[str, Any] = (
+            {"model_path": path} if name is None else {"model_path": path, "replica": name}
+        )
 
         def progress(fraction: float) -> None:
             if telemetry.model_load.receivers:
@@ -191,7 +201,7 @@ class ServerActor(pykka.ThreadingActor):
                     telemetry.model_load,
                     self.actor_ref,
                     {"progress": fraction, "load_ms": None},
-                    {"model_path": path},
+                    labels,
                 )
 
         try:
@@ -209,12 +219,12 @@ class ServerActor(pykka.ThreadingActor):
                 telemetry.model_load,
                 self.actor_ref,
                 {"progress": 1.0, "load_ms": load_ms},
-                {"model_path": path},
+                labels,
             )
 
     def on_stop(self) -> None:
         """Fail what is pending, free the model (actor thread)."""
-        self._shutdown(EngineStopped("the engine was stopped"))
+        self._shutdown(EngineStopped(f"{self._who} was stopped"))
 
     def on_failure(
         self,
@@ -224,7 +234,7 @@ class ServerActor(pykka.ThreadingActor):
     ) -> None:
         """Fail what is pending after a crash, so no caller waits (actor thread)."""
         _crashes[self.actor_urn] = repr(exception_value)
-        self._shutdown(EngineStopped(f"the engine crashed: {exception_value!r}"))
+        self._shutdown(EngineStopped(f"{self._who} crashed: {exception_value!r}"))
 
     def _shutdown(self, error: EngineError) -> None:
         _live_servers.discard(self)
@@ -272,6 +282,8 @@ class ServerActor(pykka.ThreadingActor):
             engine.admit(message, future=future)
             self._schedule()
             return future
+        elif isinstance(message, _Submit):
+            engine.admit(message.message, future=message.future)
         elif isinstance(message, STREAMING):
             try:
                 engine.admit(message, reply_to=message.reply_to)

@@ -81,6 +81,19 @@ class Supervisor:
                     raise EngineStopped("the engine did not come back in time")
                 self._lock.wait(timeout=min(remaining, 0.1))
 
+    def current(self) -> pykka.ActorRef[Any] | None:
+        """The current ServerActor's ref if it is up, else None; never waits."""
+        with self._lock:
+            if self._stopping or self._gave_up is not None:
+                return None
+            ref = self._ref
+        return ref if ref is not None and ref.is_alive() else None
+
+    @property
+    def gave_up(self) -> str | None:
+        """Why the supervisor gave up, or None while it still restarts its engine."""
+        return self._gave_up
+
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
         """``ActorRef.ask`` on the current actor."""
         try:
@@ -149,10 +162,11 @@ class Supervisor:
             self.restarts += 1
             self._lock.notify_all()
         if telemetry.server_restart.receivers:
+            name = self._options.get("name")
             telemetry.emit(
                 telemetry.server_restart,
                 self,
                 {"restarts": self.restarts, "backoff_ms": backoff * 1000},
-                {"reason": reason},
+                {"reason": reason} if name is None else {"reason": reason, "replica": name},
             )
         self._watch(new)

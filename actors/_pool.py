@@ -1,0 +1,401 @@
+"""``ServerPool``: N engines behind one handle, routed by prefix affinity then load.
+
+The pool answers the messages a ServerActor answers and works with every helper
+(``generate(pool, ...)``, ``astream(pool, ...)``). Each request goes to one replica,
+chosen by :class:`actors._router.Router`; the pool tracks each request until it ends,
+so it knows every replica's load and where to send a ``Cancel``.
+
+Backends:
+
+- ``"local"``: each replica is a ``Supervisor`` around a ServerActor in this process
+  (its own thread and model). Mostly for tests, and for several small models on a big
+  machine; llama.cpp's OpenMP threads of several engines in one process compete (see
+  the README), so ``n_threads=1`` suits it.
+- ``"ray"``: each replica is a Ray actor hosting a ServerActor in its own process, on
+  any node of the Ray cluster (see :mod:`actors._ray`).
+
+Every method runs in the caller's thread. Requests end in replica threads (the engine
+thread, or a Ray relay thread), which tell the router through ``_Tracked``/``_Relay``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pykka
+
+from actors._errors import ConfigError, EngineError, EngineStopped, QueueFull
+from actors._messages import (
+    STREAMING,
+    Cancel,
+    Chat,
+    Drain,
+    Generate,
+    GenerateTokens,
+    GetInfo,
+    GetStats,
+    GetTokenizer,
+    ReplyTo,
+    Stream,
+    StreamChat,
+    StreamTokens,
+    _Submit,
+)
+from actors._results import Done, Failed, Token
+from actors._router import Router
+from actors._supervisor import Supervisor
+
+__all__ = ["ServerPool"]
+
+_log = logging.getLogger("llama_cpp_actors.pool")
+
+# GetStats keys that are one replica's settings, not loads: never summed.
+_PER_REPLICA = frozenset({"n_batch", "n_ctx_per_slot"})
+
+SubmitMessage = Generate | GenerateTokens | Chat
+StreamMessage = Stream | StreamTokens | StreamChat
+
+
+class ReplicaDown(Exception):
+    """Internal: the replica cannot take the request; the pool tries another."""
+
+
+class Replica(Protocol):
+    """One engine of a pool, whatever hosts it. Methods run in callers' threads."""
+
+    name: str
+    on_down: Callable[[str], None] | None
+    """Called with the name when the replica is found dead (its KV is gone)."""
+
+    def up(self) -> bool:
+        """True when it can take requests now (never waits)."""
+
+    def submit(self, message: SubmitMessage, future: Tracked) -> None:
+        """Admit ``message``; ``future`` gets its Completion or error. ReplicaDown if down."""
+
+    def send(self, message: StreamMessage) -> None:
+        """Admit a stream whose ``reply_to`` is a ``Relay``. ReplicaDown if down."""
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request it runs; never raises."""
+
+    def call(self, message: Any, timeout: float | None) -> Any:
+        """GetStats, GetInfo, GetTokenizer or Drain, answered (waits). ReplicaDown if down."""
+
+    def stop(self) -> None:
+        """Stop for good; requests in flight fail with EngineStopped."""
+
+
+class Tracked(pykka.ThreadingFuture[Any]):
+    """The future a pool hands out for a Generate; it tells the pool when it settles.
+
+    ``set``/``set_exception`` run in the thread that ends the request.
+    """
+
+    def __init__(self, on_settle: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_settle = on_settle
+
+    def set(self, value: Any | None = None) -> None:
+        super().set(value)
+        self._on_settle()
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        super().set_exception(exc_info)
+        self._on_settle()
+
+
+class Relay:
+    """The ``reply_to`` a pool gives a replica: forwards every event to the caller's,
+    and tells the pool when the ``Done`` or ``Failed`` passes. ``put`` runs in the thread
+    that produces events (the engine, or a Ray relay thread)."""
+
+    def __init__(self, reply_to: ReplyTo, on_settle: Callable[[], None]) -> None:
+        self.reply_to = reply_to
+        self._on_settle = on_settle
+
+    def put(self, event: Token | Done | Failed) -> None:
+        try:
+            self.reply_to.put(event)
+        finally:
+            if not isinstance(event, Token):
+                self._on_settle()
+
+
+class _LocalReplica:
+    """A Supervisor around a ServerActor in this process."""
+
+    def __init__(self, name: str, max_restarts: int, max_seconds: float, options: dict[str, Any]) -> None:
+        self.name = name
+        self.on_down: Callable[[str], None] | None = None  # a restarted engine has no KV
+        self.supervisor = Supervisor.start(
+            max_restarts=max_restarts, max_seconds=max_seconds, name=name, **options
+        )
+
+    def _ref(self) -> pykka.ActorRef[Any]:
+        ref = self.supervisor.current()
+        if ref is None:
+            raise ReplicaDown(self.name)
+        return ref
+
+    def up(self) -> bool:
+        return self.supervisor.current() is not None
+
+    def submit(self, message: SubmitMessage, future: Tracked) -> None:
+        try:
+            self._ref().ask(_Submit(message, future))
+        except pykka.ActorDeadError:
+            raise ReplicaDown(self.name) from None
+
+    def send(self, message: StreamMessage) -> None:
+        try:
+            self._ref().tell(message)
+        except pykka.ActorDeadError:
+            raise ReplicaDown(self.name) from None
+
+    def cancel(self, request_id: str) -> None:
+        ref = self.supervisor.current()
+        if ref is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(Cancel(request_id))
+
+    def call(self, message: Any, timeout: float | None) -> Any:
+        try:
+            answer = self._ref().ask(message, timeout=timeout)
+        except pykka.ActorDeadError:
+            raise ReplicaDown(self.name) from None
+        return answer.get(timeout=timeout) if isinstance(message, Drain) else answer
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+
+
+class ServerPool:
+    """N engines with the same options behind one handle. Start it with :meth:`start`."""
+
+    def __init__(self, replicas: list[Replica], router: Router) -> None:
+        self._replicas = {r.name: r for r in replicas}
+        self.router = router
+        self._stopped = False
+
+    @classmethod
+    def start(
+        cls,
+        replicas: int = 2,
+        backend: str = "local",
+        *,
+        max_restarts: int = 3,
+        max_seconds: float = 5.0,
+        ray_actor_options: dict[str, Any] | None = None,
+        affinity_min_blocks: int = 2,
+        affinity_slack: int | None = None,
+        **server_options: Any,
+    ) -> ServerPool:
+        """Start ``replicas`` engines with ``server_options`` (``ServerActor.start``'s).
+
+        Args:
+            replicas: how many engines.
+            backend: ``"local"`` (ServerActors in this process) or ``"ray"`` (Ray actors
+                in their own processes, on the Ray cluster this process is connected to;
+                ``ray.init()`` is called if it was not).
+            max_restarts, max_seconds: a crashed replica is restarted at most
+                ``max_restarts`` times within ``max_seconds`` (a Supervisor locally, Ray's
+                ``max_restarts`` on Ray, where ``max_seconds`` does not apply).
+            ray_actor_options: passed to Ray's ``.options()`` for each replica
+                (default ``{"num_cpus": 1}``, spread over the nodes).
+            affinity_min_blocks: the shortest shared prefix (64-character blocks) that
+                routes by affinity.
+            affinity_slack: how many more requests than the least loaded replica an
+                affine replica may carry; ``n_parallel`` by default.
+
+        Raises:
+            ConfigError: bad pool or server options (checked before anything starts).
+        """
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise ConfigError(f"replicas must be an int >= 1, got {replicas!r}")
+        if "name" in server_options:
+            raise ConfigError("a pool names its replicas itself; do not pass name")
+        names = [f"replica-{i}" for i in range(replicas)]
+        slack = server_options.get("n_parallel", 4) if affinity_slack is None else affinity_slack
+        router = Router(names, min_blocks=affinity_min_blocks, slack=slack)
+        started: list[Replica] = []
+        try:
+            if backend == "local":
+                for name in names:
+                    started.append(_LocalReplica(name, max_restarts, max_seconds, server_options))
+            elif backend == "ray":
+                from actors._ray import start_ray_replicas
+
+                started.extend(start_ray_replicas(names, max_restarts, ray_actor_options, server_options))
+            else:
+                raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
+        except BaseException:
+            for replica in started:
+                replica.stop()
+            raise
+        for replica in started:
+            replica.on_down = router.forget
+        return cls(started, router)
+
+    # -- the ActorRef-like surface (callers' threads) ------------------------------------
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        """The replicas' names (what ``metadata["replica"]`` says)."""
+        return tuple(self._replicas)
+
+    def up(self) -> tuple[str, ...]:
+        """The replicas that take requests now."""
+        return tuple(name for name, r in self._replicas.items() if r.up())
+
+    def is_alive(self) -> bool:
+        """True until :meth:`stop`: each request in flight gets an outcome even if its replica dies."""
+        return not self._stopped
+
+    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
+        """As ``ActorRef.ask``: ``Generate``, ``GenerateTokens`` and ``Chat`` give a future of
+        the Completion; ``GetStats`` a dict with ``replicas`` (each replica's stats) and the
+        sums; ``Drain`` drains every replica and gives the unfinished count; ``GetInfo`` and
+        ``GetTokenizer`` are answered by a replica that is up.
+
+        With ``block=False`` the answer comes wrapped in a resolved future, as pykka does.
+        """
+        self._check_running()
+        if isinstance(message, Generate | GenerateTokens | Chat):
+            answer: Any = self._submit(message)
+        elif isinstance(message, (*STREAMING, Cancel)):
+            self.tell(message)
+            answer = None
+        elif isinstance(message, GetStats):
+            answer = self._stats(timeout)
+        elif isinstance(message, Drain):
+            answer = self._drain(message, timeout)
+        elif isinstance(message, GetInfo | GetTokenizer):
+            answer = self._any_replica(lambda r: r.call(message, timeout))
+        else:
+            raise TypeError(f"a ServerPool does not handle {message!r}")
+        if block:
+            return answer
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        future.set(answer)
+        return future
+
+    def tell(self, message: Any) -> None:
+        """As ``ActorRef.tell``: streams are routed, ``Cancel`` reaches the request's replica."""
+        self._check_running()
+        if isinstance(message, STREAMING):
+            self._send(message)
+        elif isinstance(message, Cancel):
+            name = self.router.replica_of(message.request_id)
+            if name is not None:
+                self._replicas[name].cancel(message.request_id)
+        elif isinstance(message, Generate | GenerateTokens | Chat):
+            self._submit(message)
+        else:
+            raise TypeError(f"a ServerPool cannot be told {message!r}")
+
+    def stop(self, block: bool = True, timeout: float | None = None) -> None:
+        """Stop every replica; requests in flight fail with ``EngineStopped``."""
+        self._stopped = True
+        for replica in self._replicas.values():
+            try:
+                replica.stop()
+            except Exception:
+                _log.exception("stopping %s failed", replica.name)
+
+    # -- routing ---------------------------------------------------------------------
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise EngineStopped("the pool was stopped")
+
+    def _route(self, message: Any, admit: Callable[[Replica], None]) -> None:
+        """Choose a replica and admit there; a replica found down, or full, makes way for the next."""
+        tried: set[str] = set()
+        while True:
+            up = [n for n in self.up() if n not in tried]
+            if not up and tried:
+                raise EngineStopped(f"no replica could take the request (tried {', '.join(sorted(tried))})")
+            name = self.router.choose(message, up)
+            try:
+                admit(self._replicas[name])
+                return
+            except ReplicaDown:
+                self.router.finished(message.request_id)
+                tried.add(name)
+            except QueueFull:
+                self.router.finished(message.request_id)
+                tried.add(name)
+                if len(tried) == len(self._replicas):
+                    raise
+            except BaseException:
+                self.router.finished(message.request_id)
+                raise
+
+    def _submit(self, message: SubmitMessage) -> Tracked:
+        request_id = message.request_id
+        future = Tracked(lambda: self.router.finished(request_id))
+        self._route(message, lambda replica: replica.submit(message, future))
+        return future
+
+    def _send(self, message: StreamMessage) -> None:
+        request_id = message.request_id
+        relayed = dataclasses.replace(
+            message, reply_to=Relay(message.reply_to, lambda: self.router.finished(request_id))
+        )
+        self._route(message, lambda replica: replica.send(relayed))
+
+    # -- questions to the replicas ---------------------------------------------------
+
+    def _any_replica(self, call: Callable[[Replica], Any]) -> Any:
+        for name in self.up():
+            try:
+                return call(self._replicas[name])
+            except ReplicaDown:
+                continue
+        raise EngineStopped("no replica of the pool is up")
+
+    def _stats(self, timeout: float | None) -> dict[str, Any]:
+        """Each replica's GetStats (None when down), their sums, the router's decisions."""
+        per: dict[str, dict[str, Any] | None] = {}
+        for name, replica in self._replicas.items():
+            try:
+                per[name] = replica.call(GetStats(), timeout) if replica.up() else None
+            except ReplicaDown:
+                per[name] = None
+        totals: dict[str, Any] = {}
+        for stats in per.values():
+            for key, value in (stats or {}).items():
+                if key not in _PER_REPLICA:
+                    totals[key] = totals.get(key, 0) + value
+        totals["replicas"] = per
+        totals["replicas_up"] = sum(1 for s in per.values() if s is not None)
+        totals["routing"] = dict(self.router.decisions)
+        return totals
+
+    def _drain(self, message: Drain, timeout: float | None) -> int:
+        results: list[int] = []
+        errors: list[BaseException] = []
+
+        def drain(replica: Replica) -> None:
+            try:
+                results.append(int(replica.call(message, timeout)))
+            except ReplicaDown:
+                pass
+            except EngineError as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=drain, args=(r,)) for r in self._replicas.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.stop()
+        if errors:
+            raise errors[0]
+        return sum(results)

@@ -1,0 +1,220 @@
+"""ServerPool with the local backend: same API, routing rule, telemetry, failure."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import queue
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pykka
+import pytest
+from helpers import NO_EOG, Recorder
+
+from actors import (
+    Cancel,
+    Chat,
+    ConfigError,
+    Done,
+    EngineStopped,
+    Failed,
+    Generate,
+    GenerateTokens,
+    GetInfo,
+    GetStats,
+    GetTokenizer,
+    ServerPool,
+    Stream,
+    StreamChat,
+    Token,
+    agenerate,
+    astream,
+    chat,
+    generate,
+    stream,
+)
+from actors._faults import faults
+from actors._router import Router
+
+
+@pytest.fixture
+def pool(model_path: str) -> Iterator[ServerPool]:
+    pool = ServerPool.start(replicas=2, model_path=model_path, n_parallel=2, n_ctx=1024, n_threads=1)
+    yield pool
+    pool.stop()
+    faults.reset()
+    pykka.ActorRegistry.stop_all()
+
+
+def drain(q: queue.Queue[Any]) -> list[Any]:
+    events = [q.get(timeout=60)]
+    while isinstance(events[-1], Token):
+        events.append(q.get(timeout=60))
+    return events
+
+
+def test_the_pool_answers_what_an_engine_answers(pool: ServerPool) -> None:
+    assert pool.replicas == ("replica-0", "replica-1") and pool.up() == pool.replicas
+    assert generate(pool, "Hello", max_tokens=3, logit_bias=NO_EOG).generated_tokens == 3
+    assert pool.ask(Generate("Hi", max_tokens=2, logit_bias=NO_EOG)).get(timeout=60).generated_tokens == 2
+    assert (
+        pool.ask(GenerateTokens([1, 2, 3], max_tokens=2), block=False).get().get(timeout=60).generated_tokens
+    )
+    text = "".join(stream(pool, "Once upon a time", max_tokens=5, logit_bias=NO_EOG))
+    assert text
+    assert chat(pool, [{"role": "user", "content": "Hi"}], max_tokens=3).text is not None
+    q: queue.Queue[Any] = queue.Queue()
+    pool.tell(StreamChat([{"role": "user", "content": "Hi"}], reply_to=q, max_tokens=2, logit_bias=NO_EOG))
+    assert isinstance(drain(q)[-1], Done)
+
+    async def main() -> tuple[str, str]:
+        pieces = [p async for p in astream(pool, "Async", max_tokens=3, logit_bias=NO_EOG)]
+        completion = await agenerate(pool, "Async too", max_tokens=3, logit_bias=NO_EOG)
+        return "".join(pieces), completion.text
+
+    streamed, generated = asyncio.run(main())
+    assert streamed and generated
+    assert pool.ask(GetTokenizer()).tokenize("Hello")
+    assert pool.ask(GetInfo())["n_parallel"] == 2
+    stats = pool.ask(GetStats())
+    assert set(stats["replicas"]) == set(pool.replicas) and stats["replicas_up"] == 2
+    assert stats["n_parallel"] == 4 and stats["idle_slots"] == 4 and stats["active_slots"] == 0
+    assert "n_ctx_per_slot" not in stats and stats["replicas"]["replica-0"]["n_ctx_per_slot"] == 512
+    assert sum(stats["routing"].values()) == 8
+    assert pool.router.loads() == {"replica-0": 0, "replica-1": 0}  # every request accounted for
+
+
+def test_bad_options_raise_before_anything_starts(model_path: str) -> None:
+    with pytest.raises(ConfigError, match="replicas"):
+        ServerPool.start(replicas=0, model_path=model_path)
+    with pytest.raises(ConfigError, match="backend"):
+        ServerPool.start(replicas=1, backend="mars", model_path=model_path)
+    with pytest.raises(ConfigError, match="n_parallel"):
+        ServerPool.start(replicas=2, model_path=model_path, n_parallel=0)
+    with pytest.raises(ConfigError, match="name"):
+        ServerPool.start(replicas=1, model_path=model_path, name="x")
+
+
+def test_every_signal_names_its_replica(pool: ServerPool) -> None:
+    recorder = Recorder()
+    futures = [pool.ask(Generate(f"Topic {i}", max_tokens=3, logit_bias=NO_EOG)) for i in range(4)]
+    ids = {f.get(timeout=60).request_id for f in futures}
+    pool.ask(GetStats())
+    starts = {md["request_id"]: md["replica"] for _, md in recorder.of("start")}
+    dones = {md["request_id"]: md["replica"] for _, md in recorder.of("done")}
+    assert set(starts) == set(dones) == ids and starts == dones
+    assert set(dones.values()) == {"replica-0", "replica-1"}  # 4 at once: 2 each
+    assert {md["replica"] for _, md in recorder.of("tick")} == {"replica-0", "replica-1"}
+
+
+def test_least_loaded_spreads_and_sessions_stick(pool: ServerPool) -> None:
+    queues = []
+    for i in range(4):
+        q: queue.Queue[Any] = queue.Queue()
+        pool.tell(Stream(f"Different prompt number {i}", reply_to=q, max_tokens=30, logit_bias=NO_EOG))
+        queues.append(q)
+    assert pool.router.loads() == {"replica-0": 2, "replica-1": 2}
+    for q in queues:
+        drain(q)
+    assert pool.router.loads() == {"replica-0": 0, "replica-1": 0}
+
+    recorder = Recorder()
+    before = pool.router.decisions["session"]
+    ids = [
+        generate(pool, f"Turn {t}", max_tokens=2, session="alice", cache_scope="team-a").request_id
+        for t in range(3)
+    ]
+    where = {md["request_id"]: md["replica"] for _, md in recorder.of("done")}
+    assert len({where[i] for i in ids}) == 1  # one replica served the whole session
+    assert pool.router.decisions["session"] == before + 2  # turns 2 and 3 followed it
+
+
+def test_a_long_shared_prefix_goes_where_it_was_served(pool: ServerPool) -> None:
+    history = "A conversation about the history of bread baking in many countries. " * 4
+    first = generate(pool, history + "Q1", max_tokens=2)
+    before = pool.router.decisions["prefix"]
+    second = generate(pool, history + "Q1 A1 Q2", max_tokens=2)
+    assert pool.router.decisions["prefix"] == before + 1
+    assert second.prefix_cache_tokens > 0.5 * second.prompt_tokens
+    assert first.prefix_cache_tokens == 0
+    # Another scope never matches.
+    other = generate(pool, history + "Q1 A1 Q2", max_tokens=2, cache_scope="other-tenant")
+    assert other.prefix_cache_tokens == 0
+
+
+def test_cancel_reaches_the_replica(pool: ServerPool) -> None:
+    q: queue.Queue[Any] = queue.Queue()
+    message = Stream("A long story:", reply_to=q, max_tokens=400, logit_bias=NO_EOG)
+    pool.tell(message)
+    assert isinstance(q.get(timeout=30), Token)
+    pool.tell(Cancel(message.request_id))
+    assert drain(q)[-1].completion.stop_reason == "cancelled"
+    pieces = stream(pool, "Another long story:", max_tokens=400, logit_bias=NO_EOG)
+    next(pieces)
+    pieces.close()  # cancels through the pool
+    deadline = time.monotonic() + 10
+    while pool.ask(GetStats())["active_slots"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.ask(GetStats())["active_slots"] == 0
+
+
+def test_a_crashed_replica_fails_its_requests_and_the_other_serves(pool: ServerPool) -> None:
+    q: queue.Queue[Any] = queue.Queue()
+    message = Stream("A long story:", reply_to=q, max_tokens=400, logit_bias=NO_EOG)
+    pool.tell(message)
+    assert isinstance(q.get(timeout=30), Token)
+    victim = pool.router.replica_of(message.request_id)
+    assert victim is not None
+    # Only the victim has work, so only its tick runs the hook.
+    faults.tick = lambda n: (_ for _ in ()).throw(RuntimeError("tick crashed"))
+    failed = drain(q)[-1]
+    faults.reset()
+    assert isinstance(failed, Failed) and isinstance(failed.error, EngineStopped)
+    assert victim in str(failed.error)
+    # Meanwhile (restart under way or done) requests are served.
+    served = [generate(pool, f"Meanwhile {i}", max_tokens=2, logit_bias=NO_EOG, timeout=30) for i in range(3)]
+    assert all(c.generated_tokens == 2 for c in served)
+    deadline = time.monotonic() + 10
+    while len(pool.up()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.up() == pool.replicas  # restarted by its supervisor
+    assert pool.router.loads() == {"replica-0": 0, "replica-1": 0}
+
+
+def test_a_stopped_pool_refuses(model_path: str) -> None:
+    pool = ServerPool.start(replicas=1, model_path=model_path, n_parallel=1, n_ctx=512)
+    futures = [pool.ask(Generate("Long", max_tokens=300, logit_bias=NO_EOG)) for _ in range(3)]
+    pool.stop()
+    for future in futures:
+        with pytest.raises(EngineStopped):
+            future.get(timeout=10)
+    with pytest.raises(EngineStopped):
+        generate(pool, "after", max_tokens=2)
+
+
+def test_request_messages_pickle() -> None:
+    chat_message = Chat(
+        [{"role": "user", "content": "x"}], logit_bias={1: 1.0}, json_schema={"type": "object"}
+    )
+    for message in (Generate("x", stop=["a"], session="s"), GenerateTokens([1, 2]), chat_message):
+        assert pickle.loads(pickle.dumps(message)) == message
+
+
+def test_the_router_rule() -> None:
+    router = Router(["a", "b"], min_blocks=2, slack=1)
+    long = "x" * 64 * 3
+    m1 = Generate(long + "one")
+    assert router.choose(m1, ["a", "b"]) == "a"  # least loaded, then fewest sent
+    assert router.choose(Generate("short"), ["a", "b"]) == "b"
+    assert router.choose(Generate(long + "two"), ["a", "b"]) == "a"  # affinity (load 1 <= 1 + slack)
+    assert router.choose(Generate(long + "three"), ["a", "b"]) == "a"  # load 2 <= 1 + slack
+    assert router.choose(Generate(long + "four"), ["a", "b"]) == "b"  # a is over the slack
+    assert router.choose(Generate(long), ["b"]) == "b"  # only b is up
+    with pytest.raises(EngineStopped):
+        router.choose(Generate("x"), [])
+    router.finished(m1.request_id)
+    router.finished(m1.request_id)  # idempotent
+    assert router.loads() == {"a": 2, "b": 3}
+    assert router.decisions == {"session": 0, "prefix": 3, "least_loaded": 3}
