@@ -113,18 +113,23 @@ class Tracked(pykka.ThreadingFuture[Any]):
 class Relay:
     """The ``reply_to`` a pool gives a replica: forwards every event to the caller's,
     and tells the pool when the ``Done`` or ``Failed`` passes. ``put`` runs in the thread
-    that produces events (the engine, or a Ray relay thread)."""
+    that produces events (the engine, or a replica's outbox thread)."""
 
     def __init__(self, reply_to: ReplyTo, on_settle: Callable[[], None]) -> None:
         self.reply_to = reply_to
         self._on_settle = on_settle
 
     def put(self, event: Token | Done | Failed) -> None:
+        # As the engine does: never block on a bounded queue. A refused event ends the
+        # request (the engine, or the Ray relay, cancels it), so it counts as settled.
+        put = getattr(self.reply_to, "put_nowait", None) or self.reply_to.put
         try:
-            self.reply_to.put(event)
-        finally:
-            if not isinstance(event, Token):
-                self._on_settle()
+            put(event)
+        except BaseException:
+            self._on_settle()
+            raise
+        if not isinstance(event, Token):
+            self._on_settle()
 
 
 class _LocalReplica:

@@ -82,3 +82,13 @@ def test_soak() -> None:
         check=False,
     )
     assert "OK: every request had exactly one outcome" in result.stdout, result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.timeout(450)
+def test_pool(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    run("pool.py", tmp_path, "--quick")
+    table = (tmp_path / "pool.md").read_text()
+    for system in ("| engine | 1 |", "| pool-local-1 | 1 |", "| pool-ray-1 | 1 |", "| pool-ray-2 | 2 x 1 |"):
+        assert system in table
+    assert "prefix-cache hit ratio" in table
