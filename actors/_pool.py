@@ -197,7 +197,7 @@ class ServerPool:
         max_restarts: int = 3,
         max_seconds: float = 5.0,
         ray_actor_options: dict[str, Any] | None = None,
-        affinity_min_blocks: int = 2,
+        affinity_min_blocks: int = 8,
         affinity_slack: int | None = None,
         **server_options: Any,
     ) -> ServerPool:
@@ -213,10 +213,10 @@ class ServerPool:
                 ``max_restarts`` on Ray, where ``max_seconds`` does not apply).
             ray_actor_options: passed to Ray's ``.options()`` for each replica
                 (default ``{"num_cpus": 1}``, spread over the nodes).
-            affinity_min_blocks: the shortest shared prefix (64-character blocks) that
-                routes by affinity.
+            affinity_min_blocks: the shortest shared prefix that routes by affinity, in
+                blocks of 16 characters (4 tokens for token prompts): 128 characters.
             affinity_slack: how many more requests than the least loaded replica an
-                affine replica may carry; ``n_parallel`` by default.
+                affine replica may carry; ``max(1, n_parallel // 2)`` by default.
 
         Raises:
             ConfigError: bad pool or server options (checked before anything starts).
@@ -226,8 +226,12 @@ class ServerPool:
         if "name" in server_options:
             raise ConfigError("a pool names its replicas itself; do not pass name")
         names = [f"replica-{i}" for i in range(replicas)]
-        slack = server_options.get("n_parallel", 4) if affinity_slack is None else affinity_slack
-        router = Router(names, min_blocks=affinity_min_blocks, slack=slack)
+        router = Router(
+            names,
+            capacity=server_options.get("n_parallel", 4),
+            min_blocks=affinity_min_blocks,
+            slack=affinity_slack,
+        )
         started: list[Replica] = []
         try:
             if backend == "local":

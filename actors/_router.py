@@ -5,12 +5,15 @@ The rule, in order:
 1. **Session.** A request with a ``session`` goes where that ``(cache_scope, session)``
    went last, while that replica is up: its slot holds the conversation.
 2. **Prefix affinity.** Each replica remembers (LRU, ``memory_blocks``) the hashes of the
-   prompt blocks it was sent: 64-character blocks of the text (for ``Chat``, of the
-   messages' roles and contents in order) or 16-token blocks of token prompts, chained so
+   prompt blocks it was sent: 16-character blocks of the text (for ``Chat``, of the
+   messages' roles and contents in order) or 4-token blocks of token prompts, chained so
    a block's hash names its whole prefix, and seeded with ``cache_scope`` so scopes never
    match. The replica whose memory holds the longest run of leading blocks wins if that
-   run is at least ``min_blocks`` long, the least loaded one among equals, unless it
-   carries more than ``slack`` requests above the least loaded replica.
+   run is at least ``min_blocks`` long (the least loaded one among equals), unless it
+   carries more than ``slack`` requests above the least loaded replica, or has no free
+   slot while another replica does: queueing behind a full replica costs more than
+   evaluating the prefix again, and its queued request would evict the KV of another
+   conversation when it starts.
 3. **Least loaded.** Otherwise the replica with the fewest requests in flight (its queue
    plus its active slots, as far as this pool sent them), then the one sent fewest
    requests so far.
@@ -23,34 +26,37 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from actors._errors import EngineStopped
 from actors._messages import Chat, GenerateTokens, RequestMessage, StreamChat, StreamTokens
 
 __all__ = ["Router"]
 
-BLOCK_CHARS = 64
-BLOCK_TOKENS = 16
+# Small blocks: a conversation's own text must fill whole blocks in its first turn (the
+# tail of a prompt, a partial block, is not remembered), or its next turn would match
+# every replica that saw the shared system prompt equally well.
+BLOCK_CHARS = 16
+BLOCK_TOKENS = 4
 _MAX_SESSIONS = 100_000
 
 
 def prefix_blocks(message: RequestMessage) -> list[int]:
     """Chained hashes of the message's whole leading blocks (hash i covers blocks 0..i)."""
-    items: Sequence[object]
-    if isinstance(message, GenerateTokens | StreamTokens):
-        items, size = message.tokens, BLOCK_TOKENS
-    elif isinstance(message, Chat | StreamChat):
-        items = "".join(f"\x1e{m['role']}\x1f{m['content']}" for m in message.messages)
-        size = BLOCK_CHARS
-    else:
-        items, size = message.prompt, BLOCK_CHARS
     h = hash(("scope", message.cache_scope))
     blocks = []
-    for start in range(0, len(items) - size + 1, size):
-        h = hash(
-            (h, tuple(items[start : start + size]) if size == BLOCK_TOKENS else items[start : start + size])
-        )
+    if isinstance(message, GenerateTokens | StreamTokens):
+        tokens = message.tokens
+        for start in range(0, len(tokens) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+            h = hash((h, tuple(tokens[start : start + BLOCK_TOKENS])))
+            blocks.append(h)
+        return blocks
+    if isinstance(message, Chat | StreamChat):
+        text = "".join(f"\x1e{m['role']}\x1f{m['content']}" for m in message.messages)
+    else:
+        text = message.prompt
+    for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
+        h = hash((h, text[start : start + BLOCK_CHARS]))
         blocks.append(h)
     return blocks
 
@@ -60,17 +66,26 @@ class Router:
 
     Args:
         names: the replicas.
+        capacity: slots per replica (``n_parallel``).
         min_blocks: the shortest shared prefix, in blocks, that routes by affinity.
-        slack: how many more requests than the least loaded replica an affine one may carry.
+        slack: how many more requests than the least loaded replica an affine one may
+            carry; ``max(1, capacity // 2)`` by default.
         memory_blocks: prefix blocks remembered per replica.
     """
 
     def __init__(
-        self, names: Iterable[str], *, min_blocks: int = 2, slack: int = 4, memory_blocks: int = 16384
+        self,
+        names: Iterable[str],
+        *,
+        capacity: int = 4,
+        min_blocks: int = 8,
+        slack: int | None = None,
+        memory_blocks: int = 65536,
     ):
         self.names = tuple(names)
+        self.capacity = capacity
         self.min_blocks = min_blocks
-        self.slack = slack
+        self.slack = max(1, capacity // 2) if slack is None else slack
         self.memory_blocks = memory_blocks
         self._lock = threading.Lock()
         self._load = dict.fromkeys(self.names, 0)
@@ -120,7 +135,8 @@ class Router:
         best = max(matched.values())
         if best >= self.min_blocks:
             name = min((n for n in candidates if matched[n] == best), key=self._order)
-            if self._load[name] <= least + self.slack:
+            load = self._load[name]
+            if load <= least + self.slack and (load < self.capacity or least >= self.capacity):
                 return name, "prefix"
         return min(candidates, key=self._order), "least_loaded"
 

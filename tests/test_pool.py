@@ -25,6 +25,7 @@ from actors import (
     GetInfo,
     GetStats,
     GetTokenizer,
+    ServerActor,
     ServerPool,
     Stream,
     StreamChat,
@@ -203,8 +204,8 @@ def test_request_messages_pickle() -> None:
 
 
 def test_the_router_rule() -> None:
-    router = Router(["a", "b"], min_blocks=2, slack=1)
-    long = "x" * 64 * 3
+    router = Router(["a", "b"], capacity=4, min_blocks=8, slack=1)
+    long = "x" * 16 * 12
     m1 = Generate(long + "one")
     assert router.choose(m1, ["a", "b"]) == "a"  # least loaded, then fewest sent
     assert router.choose(Generate("short"), ["a", "b"]) == "b"
@@ -218,3 +219,51 @@ def test_the_router_rule() -> None:
     router.finished(m1.request_id)  # idempotent
     assert router.loads() == {"a": 2, "b": 3}
     assert router.decisions == {"session": 0, "prefix": 3, "least_loaded": 3}
+    assert router.choose(Generate("x" * 100), ["a", "b"]) == "a"  # 6 blocks: too short for affinity
+
+
+def test_a_full_replica_loses_affinity_to_one_with_a_free_slot() -> None:
+    router = Router(["a", "b"], capacity=2, slack=5)
+    history = "a conversation that has gone on for a while " * 4
+    assert router.choose(Generate(history + "1"), ["a", "b"]) == "a"
+    assert router.choose(Generate(history + "2"), ["a", "b"]) == "a"  # a free slot there
+    assert router.choose(Generate(history + "3"), ["a", "b"]) == "b"  # a is full, b is not
+    assert router.choose(Generate(history + "4"), ["a", "b"]) == "b"  # both remember it: the less loaded
+
+
+def _multiturn_hit_ratio(ref: Any, conversations: int = 4, turns: int = 3) -> float:
+    """Conversations sharing a system prompt, every turn sent at once: cached / prompt tokens."""
+    system = "You are the help desk of a large library. Answer briefly and never invent facts. " * 3
+    histories = [[{"role": "system", "content": system}] for _ in range(conversations)]
+    prompt = cached = 0
+    for turn in range(turns):
+        futures = []
+        for i, history in enumerate(histories):
+            history.append(
+                {"role": "user", "content": f"Reader {i}, question {turn}: where is book {i + turn}?"}
+            )
+            futures.append(ref.ask(Chat(history, max_tokens=8, temp=0)))
+        for history, future in zip(histories, futures, strict=True):
+            completion = future.get(timeout=120)
+            prompt += completion.prompt_tokens
+            cached += completion.prefix_cache_tokens
+            history.append({"role": "assistant", "content": completion.text})
+    return cached / prompt
+
+
+@pytest.mark.timeout(300)
+def test_prefix_affinity_keeps_the_hit_ratio_of_one_engine(model_path: str) -> None:
+    engine = ServerActor.start(model_path=model_path, n_parallel=4, n_ctx=2048, n_threads=1)
+    try:
+        single = _multiturn_hit_ratio(engine)
+    finally:
+        engine.stop()
+    pool = ServerPool.start(replicas=2, model_path=model_path, n_parallel=2, n_ctx=1024, n_threads=1)
+    try:
+        pooled = _multiturn_hit_ratio(pool)
+        decisions = pool.router.decisions
+    finally:
+        pool.stop()
+    print(f"prefix-cache hit ratio: one engine {single:.3f}, pool of 2 {pooled:.3f} ({decisions})")
+    assert single > 0.3  # the workload does reuse
+    assert pooled >= 0.9 * single
