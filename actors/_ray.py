@@ -83,9 +83,8 @@ class _Outbox:
 def _normal_priority(name: str) -> None:
     """Undo Ray's worker niceness (15 by default, ``RAY_worker_niceness``) for this thread
     and the threads it starts (the engine's, then llama.cpp's): at niceness 15 they yield
-    the cores to every other process, and each llama.cpp OpenMP barrier waits for the
-    slowest thread. We measured one replica at 0.91x a plain engine before this, and
-    without Ray's priority drop. Lowering niceness needs privilege; without it, warn."""
+    the cores to every other process on the node, and each llama.cpp OpenMP barrier waits
+    for the slowest thread. Lowering niceness needs privilege; without it, warn."""
     try:
         if os.getpriority(os.PRIO_PROCESS, 0) > 0:
             os.setpriority(os.PRIO_PROCESS, 0, 0)

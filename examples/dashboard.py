@@ -11,7 +11,8 @@ drawing happens in the main thread. Slots are keyed by ``metadata.get("replica")
 so the same board shows every engine of a ``ServerPool``.
 
 Run: ``python examples/dashboard.py`` (needs the ``dashboard`` extra: rich, matplotlib);
-``--requests``, ``--concurrency``, ``--max-tokens``, ``--n-parallel``, ``--png FILE``.
+``--requests``, ``--concurrency``, ``--max-tokens``, ``--n-parallel``, ``--png FILE``;
+``--replicas 2`` (``--backend ray``) watches a ServerPool instead.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import telemetry
-from actors import ServerActor, stream_chat
+from actors import ServerActor, ServerPool, stream_chat
 
 TOPICS = ["the ocean", "volcanoes", "bread", "the moon", "bees", "rivers", "chess", "glass"]
 WINDOW_S = 1.0  # tok/s is counted per window of this many seconds
@@ -270,14 +271,29 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--n-parallel", type=int, default=4)
+    parser.add_argument("--n-parallel", type=int, default=4, help="slots per engine")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="more than 1: a ServerPool of that many engines"
+    )
+    parser.add_argument("--backend", choices=["local", "ray"], default="local", help="the pool's backend")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--png", metavar="FILE", help="save a figure of the run instead of the live view")
     args = parser.parse_args()
 
     board = Board()
-    ref = ServerActor.start(n_parallel=args.n_parallel, n_ctx=512 * args.n_parallel)
-    title = f"llama-cpp-actors: {args.requests} requests, {args.concurrency} callers, {args.n_parallel} slots"
+    options: dict[str, Any] = {"n_parallel": args.n_parallel, "n_ctx": 512 * args.n_parallel}
+    ref: Any
+    if args.replicas > 1:
+        # Several engines share this machine's cores: one llama.cpp thread each.
+        ref = ServerPool.start(replicas=args.replicas, backend=args.backend, n_threads=1, **options)
+    else:
+        ref = ServerActor.start(**options)
+    engines = (
+        f"{args.replicas} x {args.n_parallel} slots ({args.backend} pool)"
+        if args.replicas > 1
+        else f"{args.n_parallel} slots"
+    )
+    title = f"llama-cpp-actors: {args.requests} requests, {args.concurrency} callers, {engines}"
     load = threading.Thread(
         target=lambda: errors.extend(
             run_load(ref, args.requests, args.concurrency, args.max_tokens, args.seed)

@@ -79,3 +79,13 @@ def test_dashboard_png(tmp_path: Path) -> None:
     out = run("dashboard.py", "--requests", "4", "--concurrency", "2", "--max-tokens", "6", "--png", str(png))
     assert "4 done, 0 failed" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_watches_a_pool() -> None:
+    pytest.importorskip("rich", reason="the dashboard extra is not installed")
+    args = ["--requests", "4", "--concurrency", "4", "--max-tokens", "4", "--n-parallel", "2", "--replicas", "2"]
+    out = run("dashboard.py", *args)
+    assert re.search(r"started 4\s+done 4\s+failed 0", out), out
+    for replica in ("replica-0", "replica-1"):
+        assert len(re.findall(rf"│ {replica}\s+│\s+[01] │ idle", out)) == 2, out
