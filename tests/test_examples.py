@@ -84,7 +84,8 @@ def test_dashboard_png(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_dashboard_watches_a_pool() -> None:
     pytest.importorskip("rich", reason="the dashboard extra is not installed")
-    args = ["--requests", "4", "--concurrency", "4", "--max-tokens", "4", "--n-parallel", "2", "--replicas", "2"]
+    args = ["--requests", "4", "--concurrency", "4", "--max-tokens", "4", "--n-parallel", "2"]
+    args += ["--replicas", "2"]
     out = run("dashboard.py", *args)
     assert re.search(r"started 4\s+done 4\s+failed 0", out), out
     for replica in ("replica-0", "replica-1"):
