@@ -223,6 +223,8 @@ class ServerPool:
         """
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ConfigError(f"replicas must be an int >= 1, got {replicas!r}")
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         if "name" in server_options:
             raise ConfigError("a pool names its replicas itself; do not pass name")
         names = [f"replica-{i}" for i in range(replicas)]
@@ -238,7 +240,12 @@ class ServerPool:
                 for name in names:
                     started.append(_LocalReplica(name, max_restarts, max_seconds, server_options))
             elif backend == "ray":
-                from actors._ray import start_ray_replicas
+                try:
+                    from actors._ray import start_ray_replicas
+                except ImportError as e:
+                    raise ConfigError(
+                        f"backend='ray' needs Ray: pip install 'llama-cpp-actors[ray]' ({e})"
+                    ) from None
 
                 started.extend(start_ray_replicas(names, max_restarts, ray_actor_options, server_options))
             else:

@@ -96,6 +96,8 @@ def test_bad_options_raise_before_anything_starts(model_path: str) -> None:
         ServerPool.start(replicas=2, model_path=model_path, n_parallel=0)
     with pytest.raises(ConfigError, match="name"):
         ServerPool.start(replicas=1, model_path=model_path, name="x")
+    with pytest.raises(ConfigError, match="max_restarts"):
+        ServerPool.start(replicas=1, backend="ray", model_path=model_path, max_restarts=-1)
 
 
 def test_every_signal_names_its_replica(pool: ServerPool) -> None:
