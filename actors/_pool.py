@@ -100,6 +100,9 @@ class Tracked(pykka.ThreadingFuture[Any]):
     def __init__(self, on_settle: Callable[[], None]) -> None:
         super().__init__()
         self._on_settle = on_settle
+        self.on_full: Callable[[], bool] | None = None
+        """Called when a replica refuses with QueueFull after ``submit`` returned (Ray):
+        True when the request went to another replica, so this error is not delivered."""
 
     def set(self, value: Any | None = None) -> None:
         super().set(value)
@@ -118,8 +121,14 @@ class Relay:
     def __init__(self, reply_to: ReplyTo, on_settle: Callable[[], None]) -> None:
         self.reply_to = reply_to
         self._on_settle = on_settle
+        self.on_full: Callable[[], bool] | None = None
+        """Called when the replica refuses the stream with QueueFull: True when the request
+        went to another replica (whose events come here too), so the Failed is dropped."""
 
     def put(self, event: Token | Done | Failed) -> None:
+        full = isinstance(event, Failed) and isinstance(event.error, QueueFull)
+        if full and self.on_full is not None and self.on_full():
+            return
         # As the engine does: never block on a bounded queue. A refused event ends the
         # request (the engine, or the Ray relay, cancels it), so it counts as settled.
         put = getattr(self.reply_to, "put_nowait", None) or self.reply_to.put
@@ -330,9 +339,9 @@ class ServerPool:
         if self._stopped:
             raise EngineStopped("the pool was stopped")
 
-    def _route(self, message: Any, admit: Callable[[Replica], None]) -> None:
-        """Choose a replica and admit there; a replica found down, or full, makes way for the next."""
-        tried: set[str] = set()
+    def _route(self, message: Any, admit: Callable[[Replica], None], tried: set[str]) -> None:
+        """Choose a replica (not in ``tried``) and admit there; a replica found down, or
+        full, makes way for the next. ``tried`` grows with each replica that refused."""
         while True:
             up = [n for n in self.up() if n not in tried]
             if not up and tried:
@@ -353,18 +362,49 @@ class ServerPool:
                 self.router.finished(message.request_id)
                 raise
 
+    def _reroute(self, message: Any, admit: Callable[[Replica], None], tried: set[str]) -> Callable[[], bool]:
+        """For a QueueFull that arrives later (a stream's Failed, a Ray result): try the
+        other replicas, as ``_route`` does for a QueueFull raised at once. Runs in the
+        thread that delivers the refusal."""
+
+        def reroute() -> bool:
+            name = self.router.replica_of(message.request_id)
+            self.router.finished(message.request_id)
+            if name is not None:
+                tried.add(name)
+            if self._stopped or len(tried) >= len(self._replicas):
+                return False
+            try:
+                self._route(message, admit, tried)
+            except EngineError:
+                return False
+            return True
+
+        return reroute
+
     def _submit(self, message: SubmitMessage) -> Tracked:
         request_id = message.request_id
         future = Tracked(lambda: self.router.finished(request_id))
-        self._route(message, lambda replica: replica.submit(message, future))
+        tried: set[str] = set()
+
+        def admit(replica: Replica) -> None:
+            replica.submit(message, future)
+
+        future.on_full = self._reroute(message, admit, tried)
+        self._route(message, admit, tried)
         return future
 
     def _send(self, message: StreamMessage) -> None:
         request_id = message.request_id
-        relayed = dataclasses.replace(
-            message, reply_to=Relay(message.reply_to, lambda: self.router.finished(request_id))
-        )
-        self._route(message, lambda replica: replica.send(relayed))
+        relay = Relay(message.reply_to, lambda: self.router.finished(request_id))
+        relayed = dataclasses.replace(message, reply_to=relay)
+        tried: set[str] = set()
+
+        def admit(replica: Replica) -> None:
+            replica.send(relayed)
+
+        relay.on_full = self._reroute(message, admit, tried)
+        self._route(message, admit, tried)
 
     # -- questions to the replicas ---------------------------------------------------
 

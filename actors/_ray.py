@@ -35,7 +35,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 import telemetry
-from actors._errors import EngineError, EngineStopped
+from actors._errors import EngineError, EngineStopped, QueueFull
 from actors._messages import Cancel, Drain, GetTokenizer
 from actors._pool import Relay, ReplicaDown, StreamMessage, SubmitMessage, Tracked
 from actors._results import Done, Failed, Token
@@ -243,6 +243,8 @@ class RayReplica:
                 future.set(done.result())
             else:
                 cause = _cause(error)
+                if isinstance(cause, QueueFull) and future.on_full is not None and future.on_full():
+                    return  # another replica took it
                 if isinstance(error, RayActorError):
                     cause = self._died(error)
                 elif not isinstance(cause, EngineError):

@@ -25,6 +25,7 @@ from actors import (
     GetInfo,
     GetStats,
     GetTokenizer,
+    QueueFull,
     ServerActor,
     ServerPool,
     Stream,
@@ -269,3 +270,36 @@ def test_prefix_affinity_keeps_the_hit_ratio_of_one_engine(model_path: str) -> N
     print(f"prefix-cache hit ratio: one engine {single:.3f}, pool of 2 {pooled:.3f} ({decisions})")
     assert single > 0.3  # the workload does reuse
     assert pooled >= 0.9 * single
+
+
+def test_a_full_replica_passes_the_request_on(model_path: str) -> None:
+    """A session pins requests to one replica; when it is full they go to the other."""
+    pool = ServerPool.start(replicas=2, model_path=model_path, n_parallel=1, n_ctx=512, max_queue=0)
+    try:
+        first: queue.Queue[Any] = queue.Queue()
+        long = Stream("A long story:", reply_to=first, max_tokens=300, session="s", logit_bias=NO_EOG)
+        pool.tell(long)
+        assert isinstance(first.get(timeout=30), Token)
+        home = pool.router.replica_of(long.request_id)
+        sessions = pool.router.decisions["session"]
+        # The session's replica has no slot and no queue: the stream and the ask go elsewhere.
+        second: queue.Queue[Any] = queue.Queue()
+        pool.tell(Stream("Another:", reply_to=second, max_tokens=3, session="s", logit_bias=NO_EOG))
+        assert isinstance(drain(second)[-1], Done)
+        completion = generate(pool, "And a third:", max_tokens=3, session="s", logit_bias=NO_EOG)
+        assert completion.generated_tokens == 3
+        assert pool.router.decisions["session"] >= sessions + 1  # sent home first, then passed on
+        assert pool.router.replica_of(long.request_id) == home
+        # With both full, the refusal reaches the caller.
+        blocker: queue.Queue[Any] = queue.Queue()
+        pool.tell(Stream("Block:", reply_to=blocker, max_tokens=300, logit_bias=NO_EOG))
+        assert isinstance(blocker.get(timeout=30), Token)
+        refused: queue.Queue[Any] = queue.Queue()
+        pool.tell(Stream("Refused:", reply_to=refused, max_tokens=3, logit_bias=NO_EOG))
+        last = drain(refused)[-1]
+        assert isinstance(last, Failed) and isinstance(last.error, QueueFull)
+        with pytest.raises(QueueFull):
+            pool.ask(Generate("Refused too", max_tokens=3))
+        assert sum(pool.router.loads().values()) == 2
+    finally:
+        pool.stop()
