@@ -217,9 +217,10 @@ class ServerPool:
             backend: ``"local"`` (ServerActors in this process) or ``"ray"`` (Ray actors
                 in their own processes, on the Ray cluster this process is connected to;
                 ``ray.init()`` is called if it was not).
-            max_restarts, max_seconds: a crashed replica is restarted at most
-                ``max_restarts`` times within ``max_seconds`` (a Supervisor locally, Ray's
-                ``max_restarts`` on Ray, where ``max_seconds`` does not apply).
+            max_restarts, max_seconds: a replica's engine that crashes is restarted at
+                most ``max_restarts`` times within ``max_seconds`` (a Supervisor, in its
+                process); on Ray, a replica whose process died is restarted by Ray, at
+                most ``max_restarts`` times in all.
             ray_actor_options: passed to Ray's ``.options()`` for each replica
                 (default ``{"num_cpus": 1}``, spread over the nodes).
             affinity_min_blocks: the shortest shared prefix that routes by affinity, in
@@ -256,7 +257,9 @@ class ServerPool:
                         f"backend='ray' needs Ray: pip install 'llama-cpp-actors[ray]' ({e})"
                     ) from None
 
-                started.extend(start_ray_replicas(names, max_restarts, ray_actor_options, server_options))
+                started.extend(
+                    start_ray_replicas(names, max_restarts, max_seconds, ray_actor_options, server_options)
+                )
             else:
                 raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
         except BaseException:

@@ -36,7 +36,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import telemetry
 from actors._errors import EngineError, EngineStopped, QueueFull
-from actors._messages import Cancel, Drain, GetTokenizer
+from actors._messages import Cancel, Drain, GetInfo, GetTokenizer
 from actors._pool import Relay, ReplicaDown, StreamMessage, SubmitMessage, Tracked
 from actors._results import Done, Failed, Token
 from actors._tokenizer import Tokenizer
@@ -97,15 +97,18 @@ def _normal_priority(name: str) -> None:
 
 
 class ReplicaActor:
-    """Runs in the replica's Ray worker process: a ServerActor and its outbox.
+    """Runs in the replica's Ray worker process: a supervised ServerActor and its outbox.
+
+    A crash of the engine inside a live process restarts it here (a ``Supervisor``, as
+    the local backend does); a dead process is Ray's to restart.
 
     Ray calls its methods from its own thread pool (``max_concurrency``); ``outbox``
     holds one of those threads for the replica's life, each ``submit`` one while its
     request runs.
     """
 
-    def __init__(self, name: str, options: dict[str, Any]) -> None:
-        from actors._server import ServerActor
+    def __init__(self, name: str, options: dict[str, Any], max_restarts: int, max_seconds: float) -> None:
+        from actors._supervisor import Supervisor
 
         self.name = name
         _normal_priority(name)
@@ -117,7 +120,7 @@ class ReplicaActor:
             receiver = self._relay(signal_name)
             getattr(telemetry, signal_name).connect(receiver, weak=False)
             self._receivers.append(receiver)
-        self.ref = ServerActor.start(name=name, **options)
+        self.ref = Supervisor.start(max_restarts=max_restarts, max_seconds=max_seconds, name=name, **options)
 
     def _relay(self, signal_name: str) -> Callable[..., None]:
         def receive(sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
@@ -129,7 +132,8 @@ class ReplicaActor:
         return receive
 
     def ready(self) -> tuple[str, str]:
-        """``(node id, pid)`` once the engine is up."""
+        """``(node id, pid)`` once the engine is up (its model loaded)."""
+        self.ref.ask(GetInfo())  # answered after on_start: the model is loaded
         return ray.get_runtime_context().get_node_id(), str(os.getpid())
 
     def submit(self, message: SubmitMessage) -> Any:
@@ -333,6 +337,7 @@ class RayReplica:
 def start_ray_replicas(
     names: list[str],
     max_restarts: int,
+    max_seconds: float,
     actor_options: dict[str, Any] | None,
     server_options: dict[str, Any],
 ) -> list[RayReplica]:
@@ -351,7 +356,9 @@ def start_ray_replicas(
     options["max_restarts"] = max_restarts
     options["max_task_retries"] = 0
     cls = ray.remote(ReplicaActor)
-    actors: list[Any] = [cls.options(**options).remote(name, server_options) for name in names]
+    actors: list[Any] = [
+        cls.options(**options).remote(name, server_options, max_restarts, max_seconds) for name in names
+    ]
     try:
         placed = ray.get([a.ready.remote() for a in actors])
     except BaseException:
