@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import queue
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -301,5 +302,63 @@ def test_a_full_replica_passes_the_request_on(model_path: str) -> None:
         with pytest.raises(QueueFull):
             pool.ask(Generate("Refused too", max_tokens=3))
         assert sum(pool.router.loads().values()) == 2
+    finally:
+        pool.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_loaded_pool_gives_every_request_one_outcome(model_path: str) -> None:
+    """12 threads x 6 requests (generate, streams closed early, sessions) on 2 x 2 slots
+    with short queues: each ends once (a result, a cancel or QueueFull), nothing is left."""
+    pool = ServerPool.start(
+        replicas=2, model_path=model_path, n_parallel=2, n_ctx=1024, n_threads=1, max_queue=2
+    )
+    outcomes: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def record(key: str, outcome: str) -> None:
+        with lock:
+            outcomes.setdefault(key, []).append(outcome)
+
+    def caller(t: int) -> None:
+        for i in range(6):
+            key = f"{t}.{i}"
+            try:
+                if i % 3 == 0:
+                    generate(pool, f"Caller {t} asks {i}", max_tokens=6, logit_bias=NO_EOG, timeout=120)
+                elif i % 3 == 1:
+                    pieces = stream(
+                        pool, f"Caller {t} streams {i}", max_tokens=40, logit_bias=NO_EOG, timeout=120
+                    )
+                    next(pieces)
+                    pieces.close()  # cancels
+                else:
+                    chat(
+                        pool,
+                        [{"role": "user", "content": f"Hi {i}"}],
+                        max_tokens=4,
+                        session=f"s{t}",
+                        timeout=120,
+                    )
+                record(key, "ok")
+            except QueueFull:
+                record(key, "full")
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(12)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=240)
+        assert not any(thread.is_alive() for thread in threads)
+        assert len(outcomes) == 72 and all(len(v) == 1 for v in outcomes.values())
+        print({o: sum(v == [o] for v in outcomes.values()) for o in ("ok", "full")})
+        assert sum(v == ["ok"] for v in outcomes.values()) >= 24
+        deadline = time.monotonic() + 10
+        while pool.ask(GetStats())["active_slots"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = pool.ask(GetStats())
+        assert stats["active_slots"] == 0 and stats["queue_depth"] == 0
+        assert pool.router.loads() == {"replica-0": 0, "replica-1": 0}
     finally:
         pool.stop()
