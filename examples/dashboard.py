@@ -17,6 +17,15 @@ Run: ``python examples/dashboard.py`` (needs the ``dashboard`` extra: rich, matp
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as a script, this folder comes first on sys.path, and its concurrent.py would
+# shadow the standard library's concurrent.futures, which Ray imports (and Ray hands the
+# driver's sys.path to its workers).
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
 import argparse
 import bisect
 import random
@@ -50,7 +59,8 @@ class Board:
     t0: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     slots: dict[tuple[str, int], SlotRow] = field(default_factory=dict)
-    last_tick: dict[str, Any] = field(default_factory=dict)
+    last_tick: dict[str, Any] = field(default_factory=dict)  # the latest tick of any engine
+    latest: dict[str, dict[str, Any]] = field(default_factory=dict)  # each engine's latest tick
     ticks: int = 0
     started: int = 0
     done: int = 0
@@ -89,6 +99,7 @@ class Board:
         with self.lock:
             self.ticks += 1
             self.last_tick = measurements
+            self.latest[replica] = measurements
             w = self._window(now)
             self.queue_by_window[w] = max(self.queue_by_window[w], measurements["queue_depth"])
             self.active_by_window[w] = max(self.active_by_window[w], measurements["active_slots"])
@@ -153,8 +164,9 @@ def render(board: Board, title: str) -> Any:
     with board.lock:
         rows = sorted(board.slots.items())
         tick = dict(board.last_tick)
+        engines = list(board.latest.values())  # one per replica of a pool
         rates = list(board.generated_by_window[:-1])  # the current window is still filling
-        queue_now = tick.get("queue_depth", 0)
+        queue_now = sum(t["queue_depth"] for t in engines)
         header = (
             f"[b]{title}[/b]   {time.monotonic() - board.t0:6.1f} s   ticks {board.ticks}   "
             f"started {board.started}   done {board.done}   failed {board.failed}   "
@@ -162,7 +174,8 @@ def render(board: Board, title: str) -> Any:
         )
     kv = ""
     if tick:
-        used, total = tick["kv_cells_used"], tick["kv_cells_total"]
+        used = sum(t["kv_cells_used"] for t in engines)
+        total = sum(t["kv_cells_total"] for t in engines)
         kv = (
             f"\nlast tick: {tick['batch_size']} tokens ({tick['decode_tokens']} decode + "
             f"{tick['prefill_tokens']} prefill), eval {tick['eval_ms']:.1f} ms   "
