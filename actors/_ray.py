@@ -15,8 +15,10 @@ signal again here, where ``metadata["replica"]`` names the replica. When the out
 breaks because the replica died, every stream it ran fails at once, naming it.
 
 A replica is down from the moment a call finds it dead until a ``ready`` call returns
-(Ray holds calls to a restarting actor until it is back, so this is one wait, not a
-poll).
+once Ray has restarted it and its model is loaded. Ray answers calls to an actor it is
+still restarting with ``ActorUnavailableError``; the call is then repeated with growing
+pauses (up to ``_MAX_RETRY_S``), for as long as Ray keeps restarting. ``ActorDiedError``
+(out of restarts) leaves the replica down for good.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import telemetry
 from actors._errors import EngineError, EngineStopped, QueueFull
@@ -49,6 +52,7 @@ _SIGNALS = (
     "tick", "request_start", "request_done", "request_exception",
     "kv_pressure", "ram_cache", "model_load", "server_restart",
 )  # fmt: skip
+_MAX_RETRY_S = 2.0  # the longest pause between ``ready`` calls to a restarting replica
 _MAX_BATCH = 256  # events per streamed item
 _TELEMETRY_BUFFER = 100_000  # payloads a replica holds for a slow driver, then drops
 
@@ -223,11 +227,19 @@ class RayReplica:
         return EngineStopped(reason)
 
     def _await_restart(self) -> None:
-        try:
-            self.node_id, _pid = ray.get(self.actor.ready.remote())
-        except Exception as e:  # out of restarts, or the cluster is gone
-            if not self._stopped:
-                _log.error("replica %s is gone for good: %r", self.name, e)
+        pause = 0.1
+        while not self._stopped:
+            try:
+                self.node_id, _pid = ray.get(self.actor.ready.remote())
+                break
+            except ActorUnavailableError:  # still restarting (e.g. waiting for a node)
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_RETRY_S)
+            except Exception as e:  # out of restarts, or the cluster is gone
+                if not self._stopped:
+                    _log.error("replica %s is gone for good: %r", self.name, e)
+                return
+        if self._stopped:
             return
         with self._lock:
             self._down = None
