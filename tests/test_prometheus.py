@@ -6,9 +6,9 @@ from typing import Any
 
 import pykka
 import pytest
+from helpers import NO_EOG
 
-from actors import GetStats, generate
-from tests.helpers import NO_EOG
+from actors import Generate, GetStats, generate
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest  # noqa: E402
@@ -96,3 +96,24 @@ def test_close_unsubscribes_and_frees_the_default_registry(server: pykka.ActorRe
         assert value(scrape(REGISTRY), "generated_tokens_total") >= 1
     finally:
         again.close()
+
+
+def test_a_pool_is_exported_per_replica(model_path: str) -> None:
+    from actors import ServerPool
+
+    registry = CollectorRegistry()
+    exporter = PrometheusExporter(registry)
+    pool = ServerPool.start(replicas=2, model_path=model_path, n_parallel=2, n_ctx=1024, n_threads=1)
+    try:
+        futures = [pool.ask(Generate(f"Topic {i}", max_tokens=3, logit_bias=NO_EOG)) for i in range(4)]
+        for future in futures:
+            future.get(timeout=60)
+        pool.ask(GetStats())
+        samples = scrape(registry)
+    finally:
+        pool.stop()
+        exporter.close()
+    for replica in ("replica-0", "replica-1"):
+        assert value(samples, "requests_total", replica=replica, stop_reason="max_tokens") == 2
+        assert value(samples, "generated_tokens_total", replica=replica) == 6
+        assert value(samples, "tick_batch_tokens_count", replica=replica) >= 3
