@@ -52,6 +52,7 @@ _SIGNALS = (
     "tick", "request_start", "request_done", "request_exception",
     "kv_pressure", "ram_cache", "model_load", "server_restart",
 )  # fmt: skip
+_STOP_WAIT_S = 10.0  # how long stop() waits for a replica's outbox reader to see it die
 _MAX_RETRY_S = 2.0  # the longest pause between ``ready`` calls to a restarting replica
 _MAX_BATCH = 256  # events per streamed item
 _TELEMETRY_BUFFER = 100_000  # payloads a replica holds for a slow driver, then drops
@@ -204,6 +205,7 @@ class RayReplica:
         self._down: str | None = None
         self._stopped = False
         self._streams: dict[str, Relay] = {}
+        self._threads: list[threading.Thread] = []
         self._open_outbox()
 
     # -- health ----------------------------------------------------------------------
@@ -223,7 +225,7 @@ class RayReplica:
             _log.warning("%s", reason)
             if self.on_down is not None:
                 self.on_down(self.name)
-            threading.Thread(target=self._await_restart, name=f"{self.name}-restart", daemon=True).start()
+            self._spawn(self._await_restart, "restart")
         return EngineStopped(reason)
 
     def _await_restart(self) -> None:
@@ -296,16 +298,27 @@ class RayReplica:
             raise _cause(e) from None
 
     def stop(self) -> None:
+        """Kill the replica for good and wait for this handle's threads: a Ray call made
+        after the caller's ``ray.shutdown()`` would start Ray again in this process."""
         self._stopped = True
         ray.kill(self.actor, no_restart=True)
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=_STOP_WAIT_S)
 
     # -- the outbox (one thread per replica) --------------------------------------------
 
     def _open_outbox(self) -> None:
         generator = self.actor.outbox.options(num_returns="streaming").remote()
-        threading.Thread(
-            target=self._read_outbox, args=(generator,), name=f"{self.name}-outbox", daemon=True
-        ).start()
+        self._spawn(lambda: self._read_outbox(generator), "outbox")
+
+    def _spawn(self, target: Callable[[], None], role: str) -> None:
+        thread = threading.Thread(target=target, name=f"{self.name}-{role}", daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
 
     def _read_outbox(self, generator: Any) -> None:
         try:
