@@ -15,17 +15,17 @@ Backends:
   any node of the Ray cluster (see :mod:`actors._ray`).
 
 Every method runs in the caller's thread. Requests end in replica threads (the engine
-thread, or a Ray relay thread), which tell the router through ``_Tracked``/``_Relay``.
+thread, or a Ray replica's outbox reader), which tell the router through ``Tracked``/``Relay``
+(:mod:`actors._replica`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pykka
 
@@ -40,15 +40,9 @@ from actors._messages import (
     GetInfo,
     GetStats,
     GetTokenizer,
-    ReplyTo,
-    Stream,
-    StreamChat,
-    StreamTokens,
-    _Submit,
 )
-from actors._results import Done, Failed, Token
+from actors._replica import LocalReplica, Relay, Replica, ReplicaDown, StreamMessage, SubmitMessage, Tracked
 from actors._router import Router
-from actors._supervisor import Supervisor
 
 __all__ = ["ServerPool"]
 
@@ -56,137 +50,6 @@ _log = logging.getLogger("llama_cpp_actors.pool")
 
 # GetStats keys that are one replica's settings, not loads: never summed.
 _PER_REPLICA = frozenset({"n_batch", "n_ctx_per_slot"})
-
-SubmitMessage = Generate | GenerateTokens | Chat
-StreamMessage = Stream | StreamTokens | StreamChat
-
-
-class ReplicaDown(Exception):
-    """Internal: the replica cannot take the request; the pool tries another."""
-
-
-class Replica(Protocol):
-    """One engine of a pool, whatever hosts it. Methods run in callers' threads."""
-
-    name: str
-    on_down: Callable[[str], None] | None
-    """Called with the name when the replica is found dead (its KV is gone)."""
-
-    def up(self) -> bool:
-        """True when it can take requests now (never waits)."""
-
-    def submit(self, message: SubmitMessage, future: Tracked) -> None:
-        """Admit ``message``; ``future`` gets its Completion or error. ReplicaDown if down."""
-
-    def send(self, message: StreamMessage) -> None:
-        """Admit a stream whose ``reply_to`` is a ``Relay``. ReplicaDown if down."""
-
-    def cancel(self, request_id: str) -> None:
-        """Cancel a request it runs; never raises."""
-
-    def call(self, message: Any, timeout: float | None) -> Any:
-        """GetStats, GetInfo, GetTokenizer or Drain, answered (waits). ReplicaDown if down."""
-
-    def stop(self) -> None:
-        """Stop for good; requests in flight fail with EngineStopped."""
-
-
-class Tracked(pykka.ThreadingFuture[Any]):
-    """The future a pool hands out for a Generate; it tells the pool when it settles.
-
-    ``set``/``set_exception`` run in the thread that ends the request.
-    """
-
-    def __init__(self, on_settle: Callable[[], None]) -> None:
-        super().__init__()
-        self._on_settle = on_settle
-        self.on_full: Callable[[], bool] | None = None
-        """Called when a replica refuses with QueueFull after ``submit`` returned (Ray):
-        True when the request went to another replica, so this error is not delivered."""
-
-    def set(self, value: Any | None = None) -> None:
-        super().set(value)
-        self._on_settle()
-
-    def set_exception(self, exc_info: Any = None) -> None:
-        super().set_exception(exc_info)
-        self._on_settle()
-
-
-class Relay:
-    """The ``reply_to`` a pool gives a replica: forwards every event to the caller's,
-    and tells the pool when the ``Done`` or ``Failed`` passes. ``put`` runs in the thread
-    that produces events (the engine, or a replica's outbox thread)."""
-
-    def __init__(self, reply_to: ReplyTo, on_settle: Callable[[], None]) -> None:
-        self.reply_to = reply_to
-        self._on_settle = on_settle
-        self.on_full: Callable[[], bool] | None = None
-        """Called when the replica refuses the stream with QueueFull: True when the request
-        went to another replica (whose events come here too), so the Failed is dropped."""
-
-    def put(self, event: Token | Done | Failed) -> None:
-        full = isinstance(event, Failed) and isinstance(event.error, QueueFull)
-        if full and self.on_full is not None and self.on_full():
-            return
-        # As the engine does: never block on a bounded queue. A refused event ends the
-        # request (the engine, or the Ray relay, cancels it), so it counts as settled.
-        put = getattr(self.reply_to, "put_nowait", None) or self.reply_to.put
-        try:
-            put(event)
-        except BaseException:
-            self._on_settle()
-            raise
-        if not isinstance(event, Token):
-            self._on_settle()
-
-
-class _LocalReplica:
-    """A Supervisor around a ServerActor in this process."""
-
-    def __init__(self, name: str, max_restarts: int, max_seconds: float, options: dict[str, Any]) -> None:
-        self.name = name
-        self.on_down: Callable[[str], None] | None = None  # a restarted engine has no KV
-        self.supervisor = Supervisor.start(
-            max_restarts=max_restarts, max_seconds=max_seconds, name=name, **options
-        )
-
-    def _ref(self) -> pykka.ActorRef[Any]:
-        ref = self.supervisor.current()
-        if ref is None:
-            raise ReplicaDown(self.name)
-        return ref
-
-    def up(self) -> bool:
-        return self.supervisor.current() is not None
-
-    def submit(self, message: SubmitMessage, future: Tracked) -> None:
-        try:
-            self._ref().ask(_Submit(message, future))
-        except pykka.ActorDeadError:
-            raise ReplicaDown(self.name) from None
-
-    def send(self, message: StreamMessage) -> None:
-        try:
-            self._ref().tell(message)
-        except pykka.ActorDeadError:
-            raise ReplicaDown(self.name) from None
-
-    def cancel(self, request_id: str) -> None:
-        ref = self.supervisor.current()
-        if ref is not None:
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(Cancel(request_id))
-
-    def call(self, message: Any, timeout: float | None) -> Any:
-        try:
-            answer = self._ref().ask(message, timeout=timeout)
-        except pykka.ActorDeadError:
-            raise ReplicaDown(self.name) from None
-        return answer.get(timeout=timeout) if isinstance(message, Drain) else answer
-
-    def stop(self) -> None:
-        self.supervisor.stop()
 
 
 class ServerPool:
@@ -248,7 +111,7 @@ class ServerPool:
         try:
             if backend == "local":
                 for name in names:
-                    started.append(_LocalReplica(name, max_restarts, max_seconds, server_options))
+                    started.append(LocalReplica(name, max_restarts, max_seconds, server_options))
             elif backend == "ray":
                 try:
                     from actors._ray import start_ray_replicas

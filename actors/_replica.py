@@ -1,0 +1,165 @@
+"""What a ``ServerPool`` needs of a replica, and the local kind.
+
+A replica is one engine of a pool, wherever it runs. The pool hands each request a
+``Tracked`` future or a ``Relay`` reply path, through which the replica (its engine
+thread, or a Ray replica's outbox reader) tells the pool when the request ends.
+``LocalReplica`` is a ``Supervisor`` around a ServerActor in this process; the Ray
+kind lives in :mod:`actors._ray`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pykka
+
+from actors._errors import QueueFull
+from actors._messages import (
+    Cancel,
+    Chat,
+    Drain,
+    Generate,
+    GenerateTokens,
+    ReplyTo,
+    Stream,
+    StreamChat,
+    StreamTokens,
+    _Submit,
+)
+from actors._results import Done, Failed, Token
+from actors._supervisor import Supervisor
+
+__all__ = ["LocalReplica", "Relay", "Replica", "ReplicaDown", "StreamMessage", "SubmitMessage", "Tracked"]
+
+SubmitMessage = Generate | GenerateTokens | Chat
+StreamMessage = Stream | StreamTokens | StreamChat
+
+
+class ReplicaDown(Exception):
+    """Internal: the replica cannot take the request; the pool tries another."""
+
+
+class Replica(Protocol):
+    """One engine of a pool, whatever hosts it. Methods run in callers' threads."""
+
+    name: str
+    on_down: Callable[[str], None] | None
+    """Called with the name when the replica is found dead (its KV is gone)."""
+
+    def up(self) -> bool:
+        """True when it can take requests now (never waits)."""
+
+    def submit(self, message: SubmitMessage, future: Tracked) -> None:
+        """Admit ``message``; ``future`` gets its Completion or error. ReplicaDown if down."""
+
+    def send(self, message: StreamMessage) -> None:
+        """Admit a stream whose ``reply_to`` is a ``Relay``. ReplicaDown if down."""
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request it runs; never raises."""
+
+    def call(self, message: Any, timeout: float | None) -> Any:
+        """GetStats, GetInfo, GetTokenizer or Drain, answered (waits). ReplicaDown if down."""
+
+    def stop(self) -> None:
+        """Stop for good; requests in flight fail with EngineStopped."""
+
+
+class Tracked(pykka.ThreadingFuture[Any]):
+    """The future a pool hands out for a Generate; it tells the pool when it settles.
+
+    ``set``/``set_exception`` run in the thread that ends the request.
+    """
+
+    def __init__(self, on_settle: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_settle = on_settle
+        self.on_full: Callable[[], bool] | None = None
+        """Called when a replica refuses with QueueFull after ``submit`` returned (Ray):
+        True when the request went to another replica, so this error is not delivered."""
+
+    def set(self, value: Any | None = None) -> None:
+        super().set(value)
+        self._on_settle()
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        super().set_exception(exc_info)
+        self._on_settle()
+
+
+class Relay:
+    """The ``reply_to`` a pool gives a replica: forwards every event to the caller's,
+    and tells the pool when the ``Done`` or ``Failed`` passes. ``put`` runs in the thread
+    that produces events (the engine, or a replica's outbox thread)."""
+
+    def __init__(self, reply_to: ReplyTo, on_settle: Callable[[], None]) -> None:
+        self.reply_to = reply_to
+        self._on_settle = on_settle
+        self.on_full: Callable[[], bool] | None = None
+        """Called when the replica refuses the stream with QueueFull: True when the request
+        went to another replica (whose events come here too), so the Failed is dropped."""
+
+    def put(self, event: Token | Done | Failed) -> None:
+        full = isinstance(event, Failed) and isinstance(event.error, QueueFull)
+        if full and self.on_full is not None and self.on_full():
+            return
+        # As the engine does: never block on a bounded queue. A refused event ends the
+        # request (the engine, or the Ray relay, cancels it), so it counts as settled.
+        put = getattr(self.reply_to, "put_nowait", None) or self.reply_to.put
+        try:
+            put(event)
+        except BaseException:
+            self._on_settle()
+            raise
+        if not isinstance(event, Token):
+            self._on_settle()
+
+
+class LocalReplica:
+    """A Supervisor around a ServerActor in this process."""
+
+    def __init__(self, name: str, max_restarts: int, max_seconds: float, options: dict[str, Any]) -> None:
+        self.name = name
+        self.on_down: Callable[[str], None] | None = None  # a restarted engine has no KV
+        self.supervisor = Supervisor.start(
+            max_restarts=max_restarts, max_seconds=max_seconds, name=name, **options
+        )
+
+    def _ref(self) -> pykka.ActorRef[Any]:
+        ref = self.supervisor.current()
+        if ref is None:
+            raise ReplicaDown(self.name)
+        return ref
+
+    def up(self) -> bool:
+        return self.supervisor.current() is not None
+
+    def submit(self, message: SubmitMessage, future: Tracked) -> None:
+        try:
+            self._ref().ask(_Submit(message, future))
+        except pykka.ActorDeadError:
+            raise ReplicaDown(self.name) from None
+
+    def send(self, message: StreamMessage) -> None:
+        try:
+            self._ref().tell(message)
+        except pykka.ActorDeadError:
+            raise ReplicaDown(self.name) from None
+
+    def cancel(self, request_id: str) -> None:
+        ref = self.supervisor.current()
+        if ref is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(Cancel(request_id))
+
+    def call(self, message: Any, timeout: float | None) -> Any:
+        try:
+            answer = self._ref().ask(message, timeout=timeout)
+        except pykka.ActorDeadError:
+            raise ReplicaDown(self.name) from None
+        return answer.get(timeout=timeout) if isinstance(message, Drain) else answer
+
+    def stop(self) -> None:
+        self.supervisor.stop()
