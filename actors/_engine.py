@@ -206,7 +206,7 @@ class Engine:
 
     def _start(self, request: Request, idle: list[Slot]) -> None:
         """Give ``request`` an idle slot, reusing the longest cached prefix."""
-        slot, n_reuse = self.memory.claim(request, idle)
+        slot, n_reuse = self.memory.claim(request, idle, self._purge_idle)
         slot.request = request
         slot.state = SlotState.PREFILLING
         request.seq_id = slot.seq_id
@@ -357,14 +357,18 @@ class Engine:
                 if slot.state is not SlotState.IDLE:
                     self._fail(slot, error)
 
+    def _purge_idle(self) -> bool:
+        """Free the KV of every idle slot (saved to RAM when on); True if any was freed."""
+        purged = self.memory.purge_idle(self.slots)
+        if purged:
+            self._kv_event("purge", {"purged_slots": purged})
+        return purged > 0
+
     def _no_kv_space(self, live: list[Segment], start: int, end: int, purge_allowed: bool) -> None:
         """``llama_decode`` found no KV cells: purge idle caches, halve, preempt, then fail."""
-        if purge_allowed:
-            purged = self.memory.purge_idle(self.slots)
-            if purged:
-                self._kv_event("purge", {"purged_slots": purged})
-                self._forward(live, purge_allowed=False)
-                return
+        if purge_allowed and self._purge_idle():
+            self._forward(live, purge_allowed=False)
+            return
         if len(live) > 1:
             self._kv_event("split", {"batch_tokens": end - start})
             mid = len(live) // 2
@@ -391,7 +395,9 @@ class Engine:
     def _preempt(self, slot: Slot) -> None:
         request = slot.release()
         assert request is not None
-        self.memory.drop(slot)
+        # Its KV goes to the RAM cache (when on) before the cells are freed: when it
+        # resumes, its context is restored from there instead of evaluated again.
+        self.memory.forget(slot)
         request.context = request.prompt + request.token_ids
         request.seq_id = -1
         request.preemptions += 1

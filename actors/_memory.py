@@ -100,8 +100,14 @@ class KVMemory:
         self.ram = RamCache(ram_budget_bytes) if cache_prompt and ram_budget_bytes > 0 else None
         self._emit = emit
 
-    def claim(self, request: Request, idle: list[Slot]) -> tuple[Slot, int]:
+    def claim(
+        self, request: Request, idle: list[Slot], make_room: Callable[[], bool] | None = None
+    ) -> tuple[Slot, int]:
         """Pick a slot for ``request`` and load the longest reusable prefix into it.
+
+        ``make_room()`` frees KV cells (the idle caches) when a RAM entry does not fit
+        and says whether it freed any: admission counts idle caches as free, but llama.cpp
+        only restores a sequence into cells that are empty now.
 
         Returns the slot and how many of ``request.context``'s tokens it already holds.
         """
@@ -113,13 +119,17 @@ class KVMemory:
             if entry is not None and n_ram > n_reuse and n_ram >= MIN_SAVED_TOKENS:
                 self.save(slot)
                 self.backend.seq_clear(slot.seq_id)
-                if self.backend.seq_restore(slot.seq_id, entry.state):
+                slot.cached = []  # true from here: make_room() must not save it again
+                restored = self.backend.seq_restore(slot.seq_id, entry.state)
+                if not restored and make_room is not None and make_room():
+                    restored = self.backend.seq_restore(slot.seq_id, entry.state)
+                if restored:
                     slot.cached = list(entry.tokens)
                     entry.t_last_used = time.monotonic()
                     n_reuse = n_ram
                     self._ram_event("restore", entry)
                 else:
-                    slot.cached = []
+                    self.backend.seq_clear(slot.seq_id)  # whatever a failed load left
                     n_reuse = 0
         if n_reuse < len(slot.cached):
             self.save(slot)
@@ -151,7 +161,7 @@ class KVMemory:
         self.drop(slot)
 
     def drop(self, slot: Slot) -> None:
-        """Drop a slot's KV without saving it (half written, shifted or preempted)."""
+        """Drop a slot's KV without saving it (half written, or shifted)."""
         self.backend.seq_clear(slot.seq_id)
         slot.cached.clear()
 

@@ -59,8 +59,9 @@ def test_without_context_shift_generation_stops_at_the_slot_end(start_server: St
     assert completion.prompt_tokens + completion.generated_tokens == 256
 
 
+@pytest.mark.parametrize("ram_mb", [0, 64], ids=["recompute", "restore from RAM"])
 def test_kv_pressure_preempts_and_every_request_completes_with_the_same_output(
-    start_server: StartServer,
+    start_server: StartServer, ram_mb: int
 ) -> None:
     prompts = [f"List {i}: apples, pears," for i in range(4)]
     # The same four requests at once with room for all: the same batch shapes until
@@ -70,12 +71,19 @@ def test_kv_pressure_preempts_and_every_request_completes_with_the_same_output(
     uncontended = [f.get(timeout=240) for f in calm]
     recorder = Recorder()
     # 4 slots that may each grow to 512 tokens share 512 KV cells: they cannot all fit.
-    tight = start_server(n_parallel=4, n_ctx=512, n_ctx_per_slot=512, flash_attn=False)
+    tight = start_server(
+        n_parallel=4, n_ctx=512, n_ctx_per_slot=512, flash_attn=False, prompt_cache_ram_mb=ram_mb
+    )
     futures = [tight.ask(Generate(p, max_tokens=160, temp=0, logprobs=2, logit_bias=NO_EOG)) for p in prompts]
     contended = [f.get(timeout=240) for f in futures]
     events = [md["event"] for _, md in recorder.of("kv_pressure")]
     assert "preempt" in events
     assert tight.ask(GetStats())["preemptions"] >= 1
+    ram = [md["event"] for _, md in recorder.of("ram_cache")]
+    if ram_mb:  # each preempted request's KV was saved, and restored when it resumed
+        assert ram.count("save") >= events.count("preempt") and "restore" in ram
+    else:
+        assert not ram
     per_request = [assert_same_greedy(u, c) for u, c in zip(uncontended, contended, strict=True)]
     matched = sum(per_request)
     assert matched >= 4 * 160 // 2
