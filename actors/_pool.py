@@ -242,7 +242,7 @@ class ServerPool:
                 return False
             try:
                 self._route(message, admit, tried)
-            except EngineError:
+            except Exception:  # nowhere to go: the caller gets the original refusal
                 return False
             return True
 

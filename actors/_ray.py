@@ -141,13 +141,29 @@ class ReplicaActor:
         self.ref.ask(GetInfo())  # answered after on_start: the model is loaded
         return ray.get_runtime_context().get_node_id(), str(os.getpid())
 
+    def _exit_if_given_up(self) -> None:
+        """The supervisor here gave up on the engine: end this process, so Ray restarts
+        the replica (within its ``max_restarts``) and the driver sees it die."""
+        if self.ref.gave_up is not None:
+            _log.error("%s: %s; exiting so that Ray restarts the replica", self.name, self.ref.gave_up)
+            os._exit(70)
+
     def submit(self, message: SubmitMessage) -> Any:
         """The Completion of a Generate/GenerateTokens/Chat (admission errors raise)."""
-        return self.ref.ask(message).get()
+        try:
+            return self.ref.ask(message).get()
+        except EngineStopped:
+            self._exit_if_given_up()
+            raise
 
     def admit(self, message: StreamMessage) -> None:
         """Admit a stream; its events (an admission error too) go to the outbox."""
-        self.ref.tell(dataclasses.replace(message, reply_to=self._reply_to))
+        try:
+            self.ref.tell(dataclasses.replace(message, reply_to=self._reply_to))
+        except Exception as e:  # the engine is gone (the supervisor gave up): say so
+            error = e if isinstance(e, EngineError) else EngineStopped(f"{self.name}: {e!r}")
+            self._reply_to.put(Failed(message.request_id, error))
+            self._exit_if_given_up()
 
     def cancel(self, request_id: str) -> None:
         self.ref.tell(Cancel(request_id))
@@ -201,7 +217,7 @@ class RayReplica:
         self.actor = actor
         self.node_id = node_id
         self.on_down: Callable[[str], None] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _open_outbox runs under it and _spawn takes it
         self._down: str | None = None
         self._stopped = False
         self._streams: dict[str, Relay] = {}
@@ -213,20 +229,27 @@ class RayReplica:
     def up(self) -> bool:
         return self._down is None and not self._stopped
 
-    def _died(self, error: BaseException) -> EngineStopped:
-        # Reached from the outbox (any death), a submit's result or a call.
-        """Mark down (once), wait for Ray's restart in a thread; the error to report."""
+    def _died(self, error: BaseException) -> None:
+        """The outbox broke: the replica died. Only the outbox reader calls this (a call's
+        own Ray error may be transient), so one reader at a time ever runs. Marks the
+        replica down and fails every stream it ran, in one step under the lock, so a
+        stream is either failed here or refused by ``send``; then waits for Ray's restart.
+        """
         reason = f"replica {self.name!r} died: {type(error).__name__}: {error}"
         with self._lock:
-            first = self._down is None and not self._stopped
-            if first:
-                self._down = reason
-        if first:
-            _log.warning("%s", reason)
-            if self.on_down is not None:
-                self.on_down(self.name)
-            self._spawn(self._await_restart, "restart")
-        return EngineStopped(reason)
+            stopped = self._stopped
+            self._down = "the pool was stopped" if stopped else reason
+            streams, self._streams = self._streams, {}
+        failure = EngineStopped("the pool was stopped" if stopped else reason)
+        for request_id, relay in streams.items():
+            with contextlib.suppress(Exception):  # its consumer is gone too
+                relay.put(Failed(request_id, failure))
+        if stopped:
+            return
+        _log.warning("%s", reason)
+        if self.on_down is not None:
+            self.on_down(self.name)
+        self._spawn(self._await_restart, "restart")
 
     def _await_restart(self) -> None:
         pause = 0.1
@@ -241,12 +264,12 @@ class RayReplica:
                 if not self._stopped:
                     _log.error("replica %s is gone for good: %r", self.name, e)
                 return
-        if self._stopped:
-            return
         with self._lock:
+            if self._stopped:
+                return
             self._down = None
+            self._open_outbox()  # under the lock: stop() joins it
         _log.info("replica %s is back on node %s", self.name, self.node_id)
-        self._open_outbox()
 
     # -- requests --------------------------------------------------------------------
 
@@ -263,8 +286,8 @@ class RayReplica:
                 cause = _cause(error)
                 if isinstance(cause, QueueFull) and future.on_full is not None and future.on_full():
                     return  # another replica took it
-                if isinstance(error, RayActorError):
-                    cause = self._died(error)
+                if isinstance(error, RayActorError):  # the outbox reader marks it down
+                    cause = EngineStopped(f"replica {self.name!r} died: {type(error).__name__}: {error}")
                 elif not isinstance(cause, EngineError):
                     cause = EngineStopped(f"replica {self.name!r} failed: {error!r}")
                 future.set_exception(exc_info=(type(cause), cause, None))
@@ -272,13 +295,26 @@ class RayReplica:
         result.add_done_callback(settle)
 
     def send(self, message: StreamMessage) -> None:
-        if not self.up():
-            raise ReplicaDown(self.name)
         relay = message.reply_to
         assert isinstance(relay, Relay)
-        with self._lock:
-            self._streams[message.request_id] = relay  # before admission: no event can miss it
-        self.actor.admit.remote(dataclasses.replace(message, reply_to=_Unreachable()))
+        request_id = message.request_id
+        with self._lock:  # checked and registered together: _died cannot slip in between
+            if self._down is not None or self._stopped:
+                raise ReplicaDown(self.name)
+            self._streams[request_id] = relay  # before admission: no event can miss it
+        admitted = self.actor.admit.remote(dataclasses.replace(message, reply_to=_Unreachable()))
+
+        def check(done: concurrent.futures.Future[Any]) -> None:
+            # The admit call itself failed (the actor died under it, or raised): its
+            # events will never come, so fail it here unless the outbox did already.
+            error = done.exception()
+            if error is not None:
+                cause = _cause(error)
+                if not isinstance(cause, EngineError):
+                    cause = EngineStopped(f"replica {self.name!r} could not take the stream: {error!r}")
+                self._deliver(Failed(request_id, cause))
+
+        admitted.future().add_done_callback(check)
 
     def cancel(self, request_id: str) -> None:
         if self.up():
@@ -291,8 +327,7 @@ class RayReplica:
             return RemoteTokenizer(self.actor)
         try:
             return ray.get(self.actor.call.remote(message), timeout=timeout)
-        except RayActorError as e:
-            self._died(e)
+        except RayActorError:  # the outbox reader marks it down
             raise ReplicaDown(self.name) from None
         except RayTaskError as e:
             raise _cause(e) from None
@@ -300,8 +335,9 @@ class RayReplica:
     def stop(self) -> None:
         """Kill the replica for good and wait for this handle's threads: a Ray call made
         after the caller's ``ray.shutdown()`` would start Ray again in this process."""
-        self._stopped = True
-        ray.kill(self.actor, no_restart=True)
+        with self._lock:
+            self._stopped = True
+        ray.kill(self.actor, no_restart=True)  # the outbox reader then fails what ran there
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
@@ -332,14 +368,9 @@ class RayReplica:
                         if signal.receivers:
                             telemetry.emit(signal, self, measurements, metadata)
         except Exception as e:  # the replica died (RayActorError), or the cluster went away
-            if self._stopped:
-                return
-            error = self._died(e)
-            with self._lock:
-                streams, self._streams = self._streams, {}
-            for request_id, relay in streams.items():
-                with contextlib.suppress(Exception):
-                    relay.put(Failed(request_id, error))
+            self._died(e)
+            return
+        self._died(EngineStopped("the outbox ended"))  # a generator that ends: the actor is gone
 
     def _deliver(self, event: Token | Done | Failed) -> None:
         with self._lock:

@@ -28,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from actors._errors import EngineStopped
+from actors._errors import EngineStopped, InvalidRequest
 from actors._messages import Chat, GenerateTokens, RequestMessage, StreamChat, StreamTokens
 
 __all__ = ["Router"]
@@ -100,12 +100,15 @@ class Router:
 
         Raises:
             EngineStopped: no replica is up.
+            InvalidRequest: a request with this ``request_id`` is in flight.
         """
         candidates = [n for n in self.names if n in set(up)]
         if not candidates:
             raise EngineStopped("no replica of the pool is up")
         blocks = prefix_blocks(message)
         with self._lock:
+            if message.request_id in self._in_flight:
+                raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
             name, why = self._pick(message, blocks, candidates)
             self.decisions[why] += 1
             self._load[name] += 1

@@ -208,6 +208,8 @@ class ServerActor(pykka.ThreadingActor):
             backend = LlamaBackend(self.actor_options, on_progress=progress)
         except Exception as e:
             _crashes[self.actor_urn] = f"loading failed: {e!r}"
+            # pykka drops the tells left in the inbox when on_start fails: answer them.
+            self._fail_inbox(EngineStopped(f"{self._who} could not load its model: {e!r}"))
             raise
         if self.actor_options.n_batch > backend.n_batch:  # llama.cpp clamps; keep it honest
             _log.warning("n_batch clamped by llama.cpp to %d", backend.n_batch)

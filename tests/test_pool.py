@@ -26,6 +26,7 @@ from actors import (
     GetInfo,
     GetStats,
     GetTokenizer,
+    InvalidRequest,
     QueueFull,
     ServerActor,
     ServerPool,
@@ -224,6 +225,10 @@ def test_the_router_rule() -> None:
     assert router.loads() == {"a": 2, "b": 3}
     assert router.decisions == {"session": 0, "prefix": 3, "least_loaded": 3}
     assert router.choose(Generate("x" * 100), ["a", "b"]) == "a"  # 6 blocks: too short for affinity
+    again = Generate("in flight", request_id="twice")
+    router.choose(again, ["a", "b"])
+    with pytest.raises(InvalidRequest, match="already in use"):
+        router.choose(again, ["a", "b"])  # a reused id would corrupt the loads
 
 
 def test_a_full_replica_loses_affinity_to_one_with_a_free_slot() -> None:

@@ -93,3 +93,14 @@ def test_a_lost_node_fails_its_requests_and_its_replica_returns_elsewhere(
         wait_until(lambda: set(done().values()) == set(pool.replicas), 10)
     finally:
         pool.stop()
+
+
+def test_stopping_a_ray_pool_fails_its_streams(cluster: Cluster, model_path: str) -> None:
+    pool = ServerPool.start(replicas=1, backend="ray", model_path=model_path, n_parallel=1, n_ctx=512)
+    q: queue.Queue[Any] = queue.Queue()
+    pool.tell(Stream("A long story:", reply_to=q, max_tokens=400, logit_bias=NO_EOG))
+    assert isinstance(q.get(timeout=30), Token)
+    pool.stop()
+    failed = drain(q)[-1]
+    assert isinstance(failed, Failed) and isinstance(failed.error, EngineStopped)
+    assert "stopped" in str(failed.error)
