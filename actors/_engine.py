@@ -261,8 +261,7 @@ class Engine:
                     "active_slots": sum(1 for s in self.slots if s.state is not SlotState.IDLE),
                     "queue_depth": len(self.waiting),
                     "eval_ms": eval_ms,
-                    "kv_cells_used": sum(len(s.cached) for s in self.slots),
-                    "kv_cells_total": self.backend.n_ctx,
+                    **self._kv_use(),
                 },
                 {"slots": tuple(self._slot_sample(slot) for slot in self.slots)},
             )
@@ -405,12 +404,18 @@ class Engine:
         self.waiting.appendleft(request)
         self._kv_event("preempt", {"preempted_tokens": len(request.context)}, request)
 
+    def _kv_use(self) -> dict[str, int]:
+        """KV cells holding tokens and KV cells in all, as GetStats and the signals say."""
+        return {
+            "kv_cells_used": sum(len(slot.cached) for slot in self.slots),
+            "kv_cells_total": self.backend.n_ctx,
+        }
+
     def _kv_event(self, event: str, measurements: dict[str, Any], request: Request | None = None) -> None:
         if telemetry.kv_pressure.receivers:
-            used = sum(len(s.cached) for s in self.slots)
             self._send(
                 telemetry.kv_pressure,
-                {**measurements, "kv_cells_used": used, "kv_cells_total": self.backend.n_ctx},
+                {**measurements, **self._kv_use()},
                 {"event": event, "request_id": request.request_id if request else None},
             )
 
@@ -679,8 +684,7 @@ class Engine:
             "n_batch": self.backend.n_batch,
             "n_ctx": self.backend.n_ctx,
             "n_ctx_per_slot": self.n_ctx_slot,
-            "kv_cells_used": sum(len(slot.cached) for slot in self.slots),
-            "kv_cells_total": self.backend.n_ctx,
+            **self._kv_use(),
             "ram_cache_entries": len(ram.entries) if ram else 0,
             "ram_cache_bytes": ram.bytes_used if ram else 0,
             "preemptions": self.preemptions,
