@@ -43,20 +43,17 @@ _MAX_SESSIONS = 100_000
 
 def prefix_blocks(message: RequestMessage) -> list[int]:
     """Chained hashes of the message's whole leading blocks (hash i covers blocks 0..i)."""
+    units: str | tuple[int, ...]  # a slice of either is hashable
+    if isinstance(message, GenerateTokens | StreamTokens):
+        units, size = tuple(message.tokens), BLOCK_TOKENS
+    elif isinstance(message, Chat | StreamChat):
+        units, size = "".join(f"\x1e{m['role']}\x1f{m['content']}" for m in message.messages), BLOCK_CHARS
+    else:
+        units, size = message.prompt, BLOCK_CHARS
     h = hash(("scope", message.cache_scope))
     blocks = []
-    if isinstance(message, GenerateTokens | StreamTokens):
-        tokens = message.tokens
-        for start in range(0, len(tokens) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-            h = hash((h, tuple(tokens[start : start + BLOCK_TOKENS])))
-            blocks.append(h)
-        return blocks
-    if isinstance(message, Chat | StreamChat):
-        text = "".join(f"\x1e{m['role']}\x1f{m['content']}" for m in message.messages)
-    else:
-        text = message.prompt
-    for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
-        h = hash((h, text[start : start + BLOCK_CHARS]))
+    for start in range(0, len(units) - size + 1, size):
+        h = hash((h, units[start : start + size]))
         blocks.append(h)
     return blocks
 
