@@ -202,13 +202,6 @@ class RemoteTokenizer:
         return ray.get(self._actor.detokenize.remote(list(ids)))  # type: ignore[no-any-return]
 
 
-def _cause(error: BaseException) -> BaseException:
-    """The engine's own error inside a Ray task error."""
-    if isinstance(error, RayTaskError) and isinstance(error.cause, BaseException):
-        return error.cause
-    return error
-
-
 class RayReplica:
     """The driver's handle on one Ray replica (callers' threads and relay threads)."""
 
@@ -273,6 +266,17 @@ class RayReplica:
 
     # -- requests --------------------------------------------------------------------
 
+    def _engine_error(self, error: BaseException) -> EngineError:
+        """What a caller sees of a failed Ray call: the engine's own error when the replica
+        raised one, else ``EngineStopped`` naming the replica. A dead actor is only
+        reported here; the outbox reader is the one that marks the replica down."""
+        cause = error.cause if isinstance(error, RayTaskError) else error
+        if isinstance(cause, EngineError):
+            return cause
+        if isinstance(error, RayActorError):
+            return EngineStopped(f"replica {self.name!r} died: {type(error).__name__}: {error}")
+        return EngineStopped(f"replica {self.name!r} failed: {error!r}")
+
     def submit(self, message: SubmitMessage, future: Tracked) -> None:
         if not self.up():
             raise ReplicaDown(self.name)
@@ -283,13 +287,9 @@ class RayReplica:
             if error is None:
                 future.set(done.result())
             else:
-                cause = _cause(error)
+                cause = self._engine_error(error)
                 if isinstance(cause, QueueFull) and future.on_full is not None and future.on_full():
                     return  # another replica took it
-                if isinstance(error, RayActorError):  # the outbox reader marks it down
-                    cause = EngineStopped(f"replica {self.name!r} died: {type(error).__name__}: {error}")
-                elif not isinstance(cause, EngineError):
-                    cause = EngineStopped(f"replica {self.name!r} failed: {error!r}")
                 future.set_exception(exc_info=(type(cause), cause, None))
 
         result.add_done_callback(settle)
@@ -309,10 +309,7 @@ class RayReplica:
             # events will never come, so fail it here unless the outbox did already.
             error = done.exception()
             if error is not None:
-                cause = _cause(error)
-                if not isinstance(cause, EngineError):
-                    cause = EngineStopped(f"replica {self.name!r} could not take the stream: {error!r}")
-                self._deliver(Failed(request_id, cause))
+                self._deliver(Failed(request_id, self._engine_error(error)))
 
         admitted.future().add_done_callback(check)
 
@@ -330,7 +327,7 @@ class RayReplica:
         except RayActorError:  # the outbox reader marks it down
             raise ReplicaDown(self.name) from None
         except RayTaskError as e:
-            raise _cause(e) from None
+            raise self._engine_error(e) from None
 
     def stop(self) -> None:
         """Kill the replica for good and wait for this handle's threads: a Ray call made
