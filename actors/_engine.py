@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -24,7 +23,7 @@ from actors._errors import DecodeError, EngineError, EngineStopped, InvalidReque
 from actors._faults import faults
 from actors._llama import LlamaBackend
 from actors._memory import KVMemory
-from actors._messages import STREAMING, Chat, ReplyTo, RequestMessage, SamplingParams, StreamChat
+from actors._messages import STREAMING, Chat, ReplyTo, RequestMessage, SamplingParams, StreamChat, put_nowait
 from actors._output import TextStream
 from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
 from actors._slots import Request, Slot
@@ -516,8 +515,7 @@ class Engine:
         """Put a stream event without blocking the engine; a failed put cancels the request."""
         assert request.reply_to is not None
         try:
-            put_nowait: Callable[[object], object] | None = getattr(request.reply_to, "put_nowait", None)
-            (put_nowait or request.reply_to.put)(event)
+            put_nowait(request.reply_to, event)
         except Exception as e:
             _log.warning("stream consumer of %s is gone (%r); cancelling", request.request_id, e)
             request.reply_to = None  # nobody to tell any more

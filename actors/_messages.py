@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -59,6 +59,13 @@ class ReplyTo(Protocol):
     """Where a stream's events go: anything with ``put()``, e.g. ``queue.Queue``."""
 
     def put(self, item: Any, /) -> Any: ...
+
+
+def put_nowait(reply_to: ReplyTo, event: object) -> None:
+    """Put ``event`` without waiting: ``put_nowait`` when the reply path has it (a full
+    bounded queue then raises instead of blocking the engine), else ``put``."""
+    put: Callable[[object], object] = getattr(reply_to, "put_nowait", None) or reply_to.put
+    put(event)
 
 
 def _new_id() -> str:

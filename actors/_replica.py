@@ -27,6 +27,7 @@ from actors._messages import (
     StreamChat,
     StreamTokens,
     _Submit,
+    put_nowait,
 )
 from actors._results import Done, Failed, Token
 from actors._supervisor import Supervisor
@@ -107,9 +108,8 @@ class Relay:
             return
         # As the engine does: never block on a bounded queue. A refused event ends the
         # request (the engine, or the Ray relay, cancels it), so it counts as settled.
-        put = getattr(self.reply_to, "put_nowait", None) or self.reply_to.put
         try:
-            put(event)
+            put_nowait(self.reply_to, event)
         except BaseException:
             self._on_settle()
             raise
