@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import telemetry
+from actors import Done, Failed
 
 # Ban every end-of-generation token of the default model, so a request runs until
 # max_tokens, a cancel or a stop: tests that need a busy slot must not race an EOG.
@@ -44,3 +47,21 @@ class Recorder:
     def of(self, kind: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         with self._lock:
             return [(m, md) for k, m, md in self.events if k == kind]
+
+
+def drain(q: queue.Queue[Any], timeout: float = 60) -> list[Any]:
+    """A stream's events up to and with its Done or Failed."""
+    events = []
+    while True:
+        event = q.get(timeout=timeout)
+        events.append(event)
+        if isinstance(event, Done | Failed):
+            return events
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 60) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

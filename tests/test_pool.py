@@ -12,7 +12,7 @@ from typing import Any
 
 import pykka
 import pytest
-from helpers import NO_EOG, Recorder
+from helpers import NO_EOG, Recorder, drain
 
 from actors import (
     Cancel,
@@ -50,13 +50,6 @@ def pool(model_path: str) -> Iterator[ServerPool]:
     pool.stop()
     faults.reset()
     pykka.ActorRegistry.stop_all()
-
-
-def drain(q: queue.Queue[Any]) -> list[Any]:
-    events = [q.get(timeout=60)]
-    while isinstance(events[-1], Token):
-        events.append(q.get(timeout=60))
-    return events
 
 
 def test_the_pool_answers_what_an_engine_answers(pool: ServerPool) -> None:

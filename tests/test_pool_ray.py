@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import NO_EOG, Recorder
+from helpers import NO_EOG, Recorder, drain, wait_until
 
 from actors import (
     Done,
@@ -55,20 +55,6 @@ def pool(cluster: Cluster, model_path: str) -> Iterator[ServerPool]:
     pool = ServerPool.start(replicas=2, backend="ray", model_path=model_path, max_restarts=1, **OPTIONS)
     yield pool
     pool.stop()
-
-
-def drain(q: queue.Queue[Any]) -> list[Any]:
-    events = [q.get(timeout=60)]
-    while isinstance(events[-1], Token):
-        events.append(q.get(timeout=60))
-    return events
-
-
-def wait_until(condition: Any, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_replicas_land_on_both_nodes(pool: ServerPool) -> None:

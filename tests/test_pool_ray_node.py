@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import NO_EOG, Recorder
+from helpers import NO_EOG, Recorder, drain, wait_until
 
 from actors import Done, EngineStopped, Failed, ServerPool, Stream, Token, generate
 
@@ -29,20 +29,6 @@ def cluster() -> Iterator[Cluster]:
     yield cluster
     ray.shutdown()
     cluster.shutdown()
-
-
-def wait_until(condition: Any, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def drain(q: queue.Queue[Any]) -> list[Any]:
-    events = [q.get(timeout=60)]
-    while isinstance(events[-1], Token):
-        events.append(q.get(timeout=60))
-    return events
 
 
 def test_a_lost_node_fails_its_requests_and_its_replica_returns_elsewhere(

@@ -9,13 +9,12 @@ from typing import Any
 
 import pykka
 import pytest
-from helpers import NO_EOG, SIGNALS, Recorder
+from helpers import NO_EOG, SIGNALS, Recorder, drain
 
 from actors import (
     Cancel,
     Completion,
     Done,
-    Failed,
     Generate,
     GenerateTokens,
     GetInfo,
@@ -37,15 +36,6 @@ def recorder() -> Iterator[Recorder]:
     for signal in SIGNALS.values():
         for receiver in list(signal.receivers_for(None)):
             signal.disconnect(receiver)
-
-
-def drain(q: queue.Queue[Any], timeout: float = 60) -> list[Any]:
-    events = []
-    while True:
-        event = q.get(timeout=timeout)
-        events.append(event)
-        if isinstance(event, Done | Failed):
-            return events
 
 
 def test_generate_returns_a_completion(server: pykka.ActorRef[Any]) -> None:
