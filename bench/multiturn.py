@@ -19,11 +19,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 # Run as a script: import from the repository root, not bench/.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from actors import Chat, ServerActor
+from actors import Chat, Completion, ServerActor
 from bench._common import RESULTS, machine, markdown_table, percentile, pyplot, save_figure, write_result
 
 MODES = {
@@ -38,30 +39,39 @@ def system_prompt(tokens: int) -> str:
     return "You are the help desk of a large library. " + rule * max(1, tokens // 14)
 
 
+def converse(ref: Any, system: str, conversations: int, turns: int, max_tokens: int) -> list[Completion]:
+    """``conversations`` chats sharing ``system`` take ``turns`` turns on ``ref`` (an
+    engine or a pool); each turn sends every conversation's next question at once.
+    Returns every Completion, in order."""
+    histories = [[{"role": "system", "content": system}] for _ in range(conversations)]
+    completions: list[Completion] = []
+    for turn in range(turns):
+        futures = []
+        for i, history in enumerate(histories):
+            history.append(
+                {"role": "user", "content": f"Reader {i}, question {turn}: where is book {i * 7 + turn}?"}
+            )
+            futures.append(ref.ask(Chat(history, max_tokens=max_tokens, temp=0)))
+        for history, future in zip(histories, futures, strict=True):
+            completion = future.get(timeout=3600)
+            completions.append(completion)
+            history.append({"role": "assistant", "content": completion.text})
+    return completions
+
+
 def run_mode(mode: str, args: argparse.Namespace) -> list[float]:
     """One mode in this process; returns every request's TTFT in ms."""
     ref = ServerActor.start(
         n_parallel=args.n_parallel, n_ctx=args.n_ctx, n_threads=args.n_threads,
         n_ctx_per_slot=args.n_ctx // 2, **MODES[mode],
     )  # fmt: skip
-    system = system_prompt(args.system_tokens)
-    histories = [[{"role": "system", "content": system}] for _ in range(args.conversations)]
-    ttfts: list[float] = []
     try:
-        for turn in range(args.turns):
-            futures = []
-            for i, history in enumerate(histories):
-                history.append(
-                    {"role": "user", "content": f"Reader {i}, question {turn}: where is book {i * 7 + turn}?"}
-                )
-                futures.append(ref.ask(Chat(history, max_tokens=args.max_tokens, temp=0)))
-            for history, future in zip(histories, futures, strict=True):
-                completion = future.get(timeout=3600)
-                ttfts.append(completion.ttft_ms)
-                history.append({"role": "assistant", "content": completion.text})
+        completions = converse(
+            ref, system_prompt(args.system_tokens), args.conversations, args.turns, args.max_tokens
+        )
     finally:
         ref.stop()
-    return ttfts
+    return [c.ttft_ms for c in completions]
 
 
 def main() -> None:

@@ -35,9 +35,10 @@ from typing import Any
 # Run as a script: import from the repository root, not bench/.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from actors import Chat, ServerActor, ServerPool, default_model_path
+from actors import ServerActor, ServerPool, default_model_path
 from bench._common import RESULTS, Measurement, machine, markdown_table, prompts, write_result
 from bench._systems import Engine
+from bench.multiturn import converse, system_prompt
 
 SYSTEMS = ["engine", "pool-local-1", "pool-ray-1", "pool-ray-2"]
 
@@ -64,48 +65,40 @@ def start(name: str, n_parallel: int, n_ctx: int, n_threads: int) -> Any:
     raise ValueError(name)
 
 
-class _Ref(Engine):
-    """bench/_systems.py's engine driver (threads streaming through queues), on any ref."""
+class _Started(Engine):
+    """bench/_systems.py's engine driver (threads streaming through queues), on whatever
+    system ``start`` makes of its name."""
 
-    def __init__(self, name: str, ref: Any) -> None:
-        super().__init__(default_model_path(), 0, 0)
+    def __init__(self, name: str, n_ctx: int, n_threads: int) -> None:
+        super().__init__(default_model_path(), n_ctx, n_threads)
         self.name = name
-        self.ref = ref
+
+    def start(self, concurrency: int) -> None:
+        self.ref = start(self.name, concurrency, self.n_ctx, self.n_threads)
 
 
 def child_throughput(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    ref = start(name, args.concurrency, args.n_ctx, int(args.n_threads))
-    system = _Ref(name, ref)
+    system = _Started(name, args.n_ctx, int(args.n_threads))
+    system.start(args.concurrency)
     try:
         system.run(prompts(args.concurrency, f"warm.{args.tag}"), 2)
         m = system.run(prompts(args.concurrency, args.tag), args.max_tokens)
     finally:
-        ref.stop()
+        system.stop()
     return {"tokens": m.tokens, "wall_s": m.wall_s, "ttft_ms": m.ttft_ms, "itl_ms": m.itl_ms}
 
 
 def child_multiturn(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """bench/multiturn.py's workload with a 280-token system prompt: prompt and cached tokens."""
     ref = start(name, args.slots, args.n_ctx, int(args.n_threads))
-    rule = "Always answer politely, briefly and truthfully, and never invent facts. "
-    system = "You are the help desk of a large library. " + rule * 20
-    histories = [[{"role": "system", "content": system}] for _ in range(args.conversations)]
-    prompt = cached = 0
     try:
-        for turn in range(args.turns):
-            futures = []
-            for i, history in enumerate(histories):
-                history.append(
-                    {"role": "user", "content": f"Reader {i}, question {turn}: where is book {i + turn}?"}
-                )
-                futures.append(ref.ask(Chat(history, max_tokens=args.max_tokens // 4, temp=0)))
-            for history, future in zip(histories, futures, strict=True):
-                completion = future.get(timeout=3600)
-                prompt += completion.prompt_tokens
-                cached += completion.prefix_cache_tokens
-                history.append({"role": "assistant", "content": completion.text})
+        completions = converse(ref, system_prompt(280), args.conversations, args.turns, args.max_tokens // 4)
     finally:
         ref.stop()
-    return {"prompt_tokens": prompt, "cached_tokens": cached}
+    return {
+        "prompt_tokens": sum(c.prompt_tokens for c in completions),
+        "cached_tokens": sum(c.prefix_cache_tokens for c in completions),
+    }
 
 
 def in_child(kind: str, name: str, args: argparse.Namespace, tag: str, n_threads: int) -> dict[str, Any]:
