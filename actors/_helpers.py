@@ -24,6 +24,7 @@ from actors._messages import (
     Stream,
     StreamChat,
     StreamTokens,
+    SubmitMessage,
 )
 from actors._results import Completion, Done, Failed, Token
 
@@ -95,7 +96,7 @@ def chat(
     return _complete(ref, Chat(messages, **options), timeout)
 
 
-def _complete(ref: Any, message: Generate | GenerateTokens | Chat, timeout: float | None) -> Completion:
+def _complete(ref: Any, message: SubmitMessage, timeout: float | None) -> Completion:
     ref = _target(ref)
     future = _ask(ref, message)
     try:

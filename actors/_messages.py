@@ -390,7 +390,11 @@ class StreamChat(_RequestMessage):
         _RequestMessage._check_options(self)
 
 
-RequestMessage = Generate | GenerateTokens | Chat | Stream | StreamTokens | StreamChat
+SubmitMessage = Generate | GenerateTokens | Chat
+"""The requests answered with a future of their Completion (sent with ``ask``)."""
+StreamMessage = Stream | StreamTokens | StreamChat
+"""The requests answered event by event on their ``reply_to``."""
+RequestMessage = SubmitMessage | StreamMessage
 STREAMING = (Stream, StreamTokens, StreamChat)
 
 
@@ -430,7 +434,7 @@ class _Submit:
     when the request ends without a thread per request. ``ask`` answers None once admitted.
     """
 
-    message: Generate | GenerateTokens | Chat
+    message: SubmitMessage
     future: pykka.ThreadingFuture[object]
 
 

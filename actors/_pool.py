@@ -33,15 +33,14 @@ from actors._errors import ConfigError, EngineError, EngineStopped, QueueFull
 from actors._messages import (
     STREAMING,
     Cancel,
-    Chat,
     Drain,
-    Generate,
-    GenerateTokens,
     GetInfo,
     GetStats,
     GetTokenizer,
+    StreamMessage,
+    SubmitMessage,
 )
-from actors._replica import LocalReplica, Relay, Replica, ReplicaDown, StreamMessage, SubmitMessage, Tracked
+from actors._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
 from actors._router import Router
 
 __all__ = ["ServerPool"]
@@ -157,7 +156,7 @@ class ServerPool:
         With ``block=False`` the answer comes wrapped in a resolved future, as pykka does.
         """
         self._check_running()
-        if isinstance(message, Generate | GenerateTokens | Chat):
+        if isinstance(message, SubmitMessage):
             answer: Any = self._submit(message)
         elif isinstance(message, (*STREAMING, Cancel)):
             self.tell(message)
@@ -185,7 +184,7 @@ class ServerPool:
             name = self.router.replica_of(message.request_id)
             if name is not None:
                 self._replicas[name].cancel(message.request_id)
-        elif isinstance(message, Generate | GenerateTokens | Chat):
+        elif isinstance(message, SubmitMessage):
             self._submit(message)
         else:
             raise TypeError(f"a ServerPool cannot be told {message!r}")

@@ -39,8 +39,8 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import telemetry
 from actors._errors import EngineError, EngineStopped, QueueFull
-from actors._messages import Cancel, Drain, GetInfo, GetTokenizer
-from actors._replica import Relay, ReplicaDown, StreamMessage, SubmitMessage, Tracked
+from actors._messages import Cancel, Drain, GetInfo, GetTokenizer, StreamMessage, SubmitMessage
+from actors._replica import Relay, ReplicaDown, Tracked
 from actors._results import Done, Failed, Token
 from actors._tokenizer import Tokenizer
 

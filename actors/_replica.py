@@ -18,24 +18,17 @@ import pykka
 from actors._errors import QueueFull
 from actors._messages import (
     Cancel,
-    Chat,
     Drain,
-    Generate,
-    GenerateTokens,
     ReplyTo,
-    Stream,
-    StreamChat,
-    StreamTokens,
+    StreamMessage,
+    SubmitMessage,
     _Submit,
     put_nowait,
 )
 from actors._results import Done, Failed, Token
 from actors._supervisor import Supervisor
 
-__all__ = ["LocalReplica", "Relay", "Replica", "ReplicaDown", "StreamMessage", "SubmitMessage", "Tracked"]
-
-SubmitMessage = Generate | GenerateTokens | Chat
-StreamMessage = Stream | StreamTokens | StreamChat
+__all__ = ["LocalReplica", "Relay", "Replica", "ReplicaDown", "Tracked"]
 
 
 class ReplicaDown(Exception):

@@ -27,14 +27,12 @@ from actors._llama import BackendOptions, LlamaBackend, default_n_threads
 from actors._messages import (
     STREAMING,
     Cancel,
-    Chat,
     Drain,
-    Generate,
-    GenerateTokens,
     GetInfo,
     GetStats,
     GetTokenizer,
     SamplingParams,
+    SubmitMessage,
     _Submit,
 )
 from actors._model import resolve_model_path
@@ -260,7 +258,7 @@ class ServerActor(pykka.ThreadingActor):
             if isinstance(message, STREAMING):
                 with contextlib.suppress(Exception):  # the consumer is gone too
                     message.reply_to.put(Failed(message.request_id, error))
-            elif isinstance(message, Generate | GenerateTokens | Chat) and envelope.reply_to is not None:
+            elif isinstance(message, SubmitMessage) and envelope.reply_to is not None:
                 envelope.reply_to.set_exception(exc_info=(type(error), error, None))
             else:
                 keep.append(envelope)
@@ -279,7 +277,7 @@ class ServerActor(pykka.ThreadingActor):
             engine.step()
             if self._drain is not None:
                 self._check_drain(engine)
-        elif isinstance(message, Generate | GenerateTokens | Chat):
+        elif isinstance(message, SubmitMessage):
             future: pykka.ThreadingFuture[object] = pykka.ThreadingFuture()
             engine.admit(message, future=future)
             self._schedule()
