@@ -120,11 +120,7 @@ class ReplicaActor:
         self._outbox: queue.Queue[Any] = queue.Queue()
         self._reply_to = _Outbox(self._outbox)
         self.dropped_signals = 0
-        self._receivers = []
-        for signal_name in _SIGNALS:
-            receiver = self._relay(signal_name)
-            getattr(telemetry, signal_name).connect(receiver, weak=False)
-            self._receivers.append(receiver)
+        self._relays = telemetry.Subscription({getattr(telemetry, n): self._relay(n) for n in _SIGNALS})
         self.ref = Supervisor.start(max_restarts=max_restarts, max_seconds=max_seconds, name=name, **options)
 
     def _relay(self, signal_name: str) -> Callable[..., None]:

@@ -71,19 +71,17 @@ class Board:
     ttfts_ms: list[float] = field(default_factory=list)  # sorted
 
     def __post_init__(self) -> None:
-        # Bound methods die with their instance: connect strongly, disconnect in close().
-        self._receivers = [
-            (telemetry.tick, self.on_tick),
-            (telemetry.request_start, self.on_start),
-            (telemetry.request_done, self.on_done),
-            (telemetry.request_exception, self.on_exception),
-        ]
-        for signal, receiver in self._receivers:
-            signal.connect(receiver, weak=False)
+        self._subscription = telemetry.Subscription(
+            {
+                telemetry.tick: self.on_tick,
+                telemetry.request_start: self.on_start,
+                telemetry.request_done: self.on_done,
+                telemetry.request_exception: self.on_exception,
+            }
+        )
 
     def close(self) -> None:
-        for signal, receiver in self._receivers:
-            signal.disconnect(receiver)
+        self._subscription.close()
 
     def _window(self, now: float) -> int:
         index = int((now - self.t0) / WINDOW_S)

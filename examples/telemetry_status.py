@@ -33,18 +33,18 @@ class Status:
         self.failed = 0
         self.generated = 0
         self.t0 = time.monotonic()
-        # Bound methods die with their instance; connect them strongly and disconnect
-        # in close() instead.
-        telemetry.tick.connect(self.on_tick, weak=False)
-        telemetry.request_start.connect(self.on_start, weak=False)
-        telemetry.request_done.connect(self.on_done, weak=False)
-        telemetry.request_exception.connect(self.on_exception, weak=False)
+        # blinker holds receivers weakly; a Subscription holds them until close().
+        self.subscription = telemetry.Subscription(
+            {
+                telemetry.tick: self.on_tick,
+                telemetry.request_start: self.on_start,
+                telemetry.request_done: self.on_done,
+                telemetry.request_exception: self.on_exception,
+            }
+        )
 
     def close(self) -> None:
-        telemetry.tick.disconnect(self.on_tick)
-        telemetry.request_start.disconnect(self.on_start)
-        telemetry.request_done.disconnect(self.on_done)
-        telemetry.request_exception.disconnect(self.on_exception)
+        self.subscription.close()
 
     def on_tick(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         with self.lock:

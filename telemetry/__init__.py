@@ -48,6 +48,7 @@ error's message.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ from blinker import NamedSignal, Namespace
 __all__ = [
     "NAMESPACE",
     "SlotSample",
+    "Subscription",
     "emit",
     "kv_pressure",
     "model_load",
@@ -122,6 +124,30 @@ class SlotSample:
     prompt_tokens: int
     generated_tokens: int
     kv_tokens: int
+
+
+class Subscription:
+    """Receivers connected to their signals until :meth:`close`.
+
+    blinker holds receivers weakly; a Subscription connects them strongly, so the bound
+    methods of an object that keeps its Subscription need no other reference::
+
+        subscription = telemetry.Subscription({telemetry.tick: on_tick, telemetry.request_done: on_done})
+        ...
+        subscription.close()
+
+    Construct and close it in any thread; the receivers run in the sender's thread.
+    """
+
+    def __init__(self, receivers: Mapping[NamedSignal, Callable[..., None]]) -> None:
+        self._receivers = list(receivers.items())
+        for signal, receiver in self._receivers:
+            signal.connect(receiver, weak=False)
+
+    def close(self) -> None:
+        """Disconnect every receiver; idempotent."""
+        for signal, receiver in self._receivers:
+            signal.disconnect(receiver)
 
 
 def emit(signal: NamedSignal, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:

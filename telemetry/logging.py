@@ -30,13 +30,13 @@ class RequestLogger:
     def __init__(self, logger: logging.Logger | None = None, level: int = logging.INFO) -> None:
         self.logger = logger or logging.getLogger("llama_cpp_actors.requests")
         self.level = level
-        telemetry.request_done.connect(self._done, weak=False)
-        telemetry.request_exception.connect(self._failed, weak=False)
+        self._subscription = telemetry.Subscription(
+            {telemetry.request_done: self._done, telemetry.request_exception: self._failed}
+        )
 
     def close(self) -> None:
         """Stop logging."""
-        telemetry.request_done.disconnect(self._done)
-        telemetry.request_exception.disconnect(self._failed)
+        self._subscription.close()
 
     def _line(self, measurements: dict[str, Any], metadata: dict[str, Any]) -> str:
         return (

@@ -143,20 +143,19 @@ class PrometheusExporter:
         self._lock = threading.Lock()  # the hit ratio's two sums; engines of a pool run in parallel
         self._prompt_sum: dict[str, int] = {}
         self._cached_sum: dict[str, int] = {}
-        self._subscriptions = [
-            (telemetry.request_done, self._on_done),
-            (telemetry.request_exception, self._on_exception),
-            (telemetry.tick, self._on_tick),
-            (telemetry.kv_pressure, self._on_kv_pressure),
-            (telemetry.server_restart, self._on_restart),
-        ]
-        for signal, receiver in self._subscriptions:
-            signal.connect(receiver, weak=False)
+        self._subscription = telemetry.Subscription(
+            {
+                telemetry.request_done: self._on_done,
+                telemetry.request_exception: self._on_exception,
+                telemetry.tick: self._on_tick,
+                telemetry.kv_pressure: self._on_kv_pressure,
+                telemetry.server_restart: self._on_restart,
+            }
+        )
 
     def close(self) -> None:
         """Unsubscribe from the signals and unregister the metrics. Idempotent."""
-        for signal, receiver in self._subscriptions:
-            signal.disconnect(receiver)
+        self._subscription.close()
         for collector in self._collectors:
             with contextlib.suppress(KeyError):  # closed already
                 self.registry.unregister(collector)
