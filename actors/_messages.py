@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 _SEED_MAX = 2**32 - 1
+_INT32_MAX = 2**31 - 1
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs=k`` may ask for per token."""
 MAX_STOP_STRINGS = 32
@@ -51,12 +52,27 @@ MAX_STOP_LENGTH = 256
 """Stop strings per request, and characters per stop string, at most."""
 MAX_SCHEMA_DEPTH = 32
 """JSON Schemas nested deeper than this are refused (the grammar grows with each level)."""
+MAX_PROMPT_CHARS = 16 * 1024 * 1024
+"""Characters in a prompt, or in all of a chat's contents, at most (16 Mi)."""
+MAX_PROMPT_TOKENS = 1 << 20
+"""Token ids in a token prompt at most; the context bounds it further at admission."""
+MAX_CHAT_MESSAGES = 10_000
+MAX_LOGIT_BIAS = 1 << 18
+"""Chat messages, and logit_bias entries, per request at most."""
+MAX_ID_LENGTH = 256
+"""Characters in a ``request_id``, ``cache_scope`` or ``session`` at most."""
 ROLES = frozenset({"system", "user", "assistant"})
 """The roles a chat message may have."""
 
 
 class ReplyTo(Protocol):
-    """Where a stream's events go: anything with ``put()``, e.g. ``queue.Queue``."""
+    """Where a stream's events go: anything with ``put()``, e.g. ``queue.Queue``.
+
+    The engine calls ``put_nowait`` when the object has it, else ``put``, from its own
+    thread: it must not block. ``queue.Full`` means "not now": the event is held and
+    retried (see :mod:`actors._delivery`); any other exception means the consumer is
+    gone and the request is cancelled.
+    """
 
     def put(self, item: Any, /) -> Any: ...
 
@@ -80,40 +96,81 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _show(value: object) -> str:
+    """A short repr of a caller's value for an error message (it may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise InvalidRequest(message)
 
 
-def _check_sampling(name: str, value: Any) -> None:
-    """Check one sampling option; ``None`` (the server's default) is always fine."""
+def _checked_text(name: str, value: object, max_length: int) -> str:
+    """``value`` as a plain ``str`` that encodes to UTF-8, at most ``max_length`` characters.
+
+    A lone surrogate (``json.loads('"\\ud83d"')`` makes one from an ordinary JSON body)
+    would raise ``UnicodeEncodeError`` wherever the text is encoded later: the tokenizer,
+    llama.cpp, a log line, an HTTP response.
+    """
+    _require(isinstance(value, str), f"{name} must be a str, got {type(value).__name__}")
+    assert isinstance(value, str)
+    text = str.__getitem__(value, slice(None))  # a plain str even from a subclass
+    _require(len(text) <= max_length, f"{name} may have at most {max_length} characters, got {len(text)}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequest(
+            f"{name} is not valid Unicode: a lone surrogate {text[e.start]!r} at index {e.start}"
+        ) from None
+    return text
+
+
+def _checked_float(name: str, value: object) -> float:
+    """A finite float; ints are converted (and refused when too large for a float)."""
+    _require(_is_number(value), f"{name} must be a finite number, got {_show(value)}")
+    assert isinstance(value, int | float)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidRequest(f"{name} is too large: {_show(value)}") from None
+    _require(math.isfinite(number), f"{name} must be a finite number, got {_show(value)}")
+    return number
+
+
+def _checked_sampling(name: str, value: Any) -> Any:
+    """Check one sampling option and return it normalized; ``None`` (the server's
+    default) is always fine."""
     if value is None:
-        return
+        return None
     if name in ("top_k", "penalty_last_n", "seed"):
-        _require(_is_int(value), f"{name} must be an int, got {value!r}")
+        _require(_is_int(value), f"{name} must be an int, got {_show(value)}")
+        value = int(value)
     elif name == "grammar":
-        _require(
-            isinstance(value, str) and value.strip() != "",
-            "grammar must be a non-empty GBNF string",
-        )
-        return
+        text = _checked_text("grammar", value, 1 << 16)  # TODO(lead): actors._grammar.check_grammar
+        _require(text.strip() != "", "grammar must be a non-empty GBNF string")
+        return text
     else:
-        _require(
-            _is_number(value) and math.isfinite(value),
-            f"{name} must be a finite number, got {value!r}",
-        )
+        value = _checked_float(name, value)
     if name == "temp":
         _require(value >= 0, f"temp must be >= 0 (0 is greedy), got {value}")
     elif name == "top_k":
-        _require(value >= 0, f"top_k must be >= 0 (0 disables it), got {value}")
+        _require(
+            0 <= value <= _INT32_MAX, f"top_k must be within [0, 2**31 - 1] (0 disables it), got {value}"
+        )
     elif name in ("top_p", "min_p"):
         _require(0.0 <= value <= 1.0, f"{name} must be within [0, 1], got {value}")
     elif name == "seed":
         _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 1], got {value}")
     elif name == "penalty_last_n":
-        _require(value >= -1, f"penalty_last_n must be >= -1 (-1 is the whole context), got {value}")
+        _require(
+            -1 <= value <= _INT32_MAX,
+            f"penalty_last_n must be within [-1, 2**31 - 1] (-1 is the whole context), got {value}",
+        )
     elif name == "penalty_repeat":
         _require(value > 0, f"penalty_repeat must be > 0 (1.0 is off), got {value}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +193,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _check_sampling(f.name, getattr(self, f.name))
+            object.__setattr__(self, f.name, _checked_sampling(f.name, getattr(self, f.name)))
 
     def merged(self, overrides: _RequestMessage) -> SamplingParams:
         """These defaults with every option the request sets (not ``None``) replaced."""
@@ -199,68 +256,55 @@ class _RequestMessage:
     def _check_options(self) -> None:
         _require(
             _is_int(self.max_tokens) and self.max_tokens >= 1,
-            f"max_tokens must be an int >= 1, got {self.max_tokens!r}",
+            f"max_tokens must be an int >= 1, got {_show(self.max_tokens)}",
         )
-        _require(
-            isinstance(self.request_id, str) and self.request_id != "",
-            "request_id must be a non-empty str",
-        )
+        self._set("request_id", _checked_text("request_id", self.request_id, MAX_ID_LENGTH))
+        _require(self.request_id != "", "request_id must be a non-empty str")
         for f in fields(SamplingParams):
-            _check_sampling(f.name, getattr(self, f.name))
+            self._set(f.name, _checked_sampling(f.name, getattr(self, f.name)))
         if self.logit_bias is not None:
-            _require(
-                isinstance(self.logit_bias, Mapping),
-                "logit_bias must be a dict of token id -> bias",
-            )
-            for token, bias in self.logit_bias.items():
-                _require(_is_int(token) and token >= 0, f"logit_bias key {token!r} is not a token id")
-                # -inf bans a token; NaN and +inf would poison the softmax.
-                _require(
-                    _is_number(bias) and not math.isnan(bias) and bias != math.inf,
-                    f"logit_bias[{token}] must be a finite number or -inf, got {bias!r}",
-                )
-            object.__setattr__(self, "logit_bias", MappingProxyType(dict(self.logit_bias)))
+            self._set("logit_bias", MappingProxyType(_checked_bias(self.logit_bias)))
         if self.json_schema is not None:
             _require(isinstance(self.json_schema, Mapping), "json_schema must be a dict (a JSON Schema)")
             _require(self.grammar is None, "give json_schema or grammar, not both")
-            try:
-                json.dumps(self.json_schema)
-            except (TypeError, ValueError, RecursionError) as e:
-                raise InvalidRequest(f"json_schema is not JSON: {e}") from None
             _require(
-                _depth(self.json_schema) <= MAX_SCHEMA_DEPTH,
-                f"json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                not self.ignore_eos,
+                "json_schema with ignore_eos can never end: the document is complete only at "
+                "end-of-generation, which ignore_eos bans",
             )
+            self._set("json_schema", MappingProxyType(_checked_schema(self.json_schema)))
         if self.stop is not None:
             _require(
                 isinstance(self.stop, Sequence) and not isinstance(self.stop, str | bytes),
                 "stop must be a list of strings",
             )
             _require(len(self.stop) <= MAX_STOP_STRINGS, f"stop takes at most {MAX_STOP_STRINGS} strings")
-            for s in self.stop:
-                _require(isinstance(s, str) and s != "", f"stop strings must be non-empty str, got {s!r}")
-                _require(
-                    len(s) <= MAX_STOP_LENGTH, f"a stop string may have at most {MAX_STOP_LENGTH} characters"
-                )
-            object.__setattr__(self, "stop", tuple(self.stop))
+            stops = tuple(_checked_text("a stop string", s, MAX_STOP_LENGTH) for s in self.stop)
+            _require(all(stops), "stop strings must be non-empty")
+            self._set("stop", stops)
         _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens must be an int >= 0")
         _require(isinstance(self.ignore_eos, bool), "ignore_eos must be a bool")
         for name in ("cache_scope", "session"):
             value = getattr(self, name)
-            _require(value is None or isinstance(value, str), f"{name} must be a str or None")
+            if value is not None:
+                self._set(name, _checked_text(name, value, MAX_ID_LENGTH))
         _require(isinstance(self.truncate, bool), "truncate must be a bool")
         if self.deadline_s is not None:
+            deadline_s = _checked_float("deadline_s", self.deadline_s)
             _require(
-                _is_number(self.deadline_s) and math.isfinite(self.deadline_s) and self.deadline_s > 0,
-                f"deadline_s must be a number of seconds > 0, got {self.deadline_s!r}",
+                deadline_s > 0, f"deadline_s must be a number of seconds > 0, got {_show(self.deadline_s)}"
             )
-        _require(_is_int(self.priority), f"priority must be an int, got {self.priority!r}")
+            self._set("deadline_s", deadline_s)
+        _require(_is_int(self.priority), f"priority must be an int, got {_show(self.priority)}")
         _require(_is_int(self.n_keep) and self.n_keep >= 0, "n_keep must be an int >= 0")
         if self.logprobs is not None:
             _require(
                 _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
-                f"logprobs must be an int within [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+                f"logprobs must be an int within [0, {MAX_LOGPROBS}], got {_show(self.logprobs)}",
             )
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
 
     @property
     def mode(self) -> Literal["generate", "stream"]:
@@ -277,9 +321,39 @@ def _depth(value: object) -> int:
     return 0
 
 
-def _check_prompt(prompt: object) -> None:
-    _require(isinstance(prompt, str), f"prompt must be a str, got {type(prompt).__name__}")
-    _require(prompt != "", "prompt must not be empty")
+def _checked_bias(bias: object) -> dict[int, float]:
+    _require(isinstance(bias, Mapping), "logit_bias must be a dict of token id -> bias")
+    assert isinstance(bias, Mapping)
+    _require(len(bias) <= MAX_LOGIT_BIAS, f"logit_bias may have at most {MAX_LOGIT_BIAS} entries")
+    checked: dict[int, float] = {}
+    for token, value in bias.items():
+        _require(
+            _is_int(token) and 0 <= token <= _INT32_MAX, f"logit_bias key {_show(token)} is not a token id"
+        )
+        # -inf bans a token; NaN and +inf would poison the softmax.
+        if _is_number(value) and value == -math.inf:
+            checked[int(token)] = -math.inf
+        else:
+            checked[int(token)] = _checked_float(f"logit_bias[{token}] (a finite number or -inf)", value)
+    return checked
+
+
+def _checked_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A private copy of a JSON Schema made of plain JSON values, or InvalidRequest."""
+    try:
+        text = json.dumps(schema, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")
+        copy: dict[str, Any] = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
+        raise InvalidRequest(f"json_schema is not JSON: {e}") from None
+    _require(_depth(copy) <= MAX_SCHEMA_DEPTH, f"json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    return copy
+
+
+def _check_prompt(prompt: object) -> str:
+    text = _checked_text("prompt", prompt, MAX_PROMPT_CHARS)
+    _require(text != "", "prompt must not be empty")
+    return text
 
 
 def _checked_tokens(tokens: object) -> tuple[int, ...]:
@@ -289,9 +363,14 @@ def _checked_tokens(tokens: object) -> tuple[int, ...]:
     )
     assert isinstance(tokens, Sequence)
     _require(len(tokens) > 0, "tokens must not be empty")
-    for token in tokens:
-        _require(_is_int(token) and token >= 0, f"token id {token!r} is not a non-negative int")
-    return tuple(tokens)
+    _require(len(tokens) <= MAX_PROMPT_TOKENS, f"tokens may hold at most {MAX_PROMPT_TOKENS} ids")
+    checked = tuple(tokens)
+    for token in checked:
+        _require(
+            _is_int(token) and 0 <= token <= _INT32_MAX,
+            f"token id {_show(token)} is not a non-negative int32",
+        )
+    return tuple(int(t) for t in checked)
 
 
 def _check_reply_to(reply_to: object) -> None:
@@ -308,7 +387,7 @@ class Generate(_RequestMessage):
     prompt: str = field(kw_only=False)
 
     def __post_init__(self) -> None:
-        _check_prompt(self.prompt)
+        object.__setattr__(self, "prompt", _check_prompt(self.prompt))
         _RequestMessage._check_options(self)
 
 
@@ -331,7 +410,7 @@ class Stream(_RequestMessage):
     reply_to: ReplyTo
 
     def __post_init__(self) -> None:
-        _check_prompt(self.prompt)
+        object.__setattr__(self, "prompt", _check_prompt(self.prompt))
         _check_reply_to(self.reply_to)
         _RequestMessage._check_options(self)
 
@@ -356,13 +435,23 @@ def _checked_chat(messages: object) -> tuple[Mapping[str, str], ...]:
     )
     assert isinstance(messages, Sequence)
     _require(len(messages) > 0, "messages must not be empty")
+    _require(len(messages) <= MAX_CHAT_MESSAGES, f"a chat may have at most {MAX_CHAT_MESSAGES} messages")
     checked = []
-    for message in messages:
-        _require(isinstance(message, Mapping), f"a chat message must be a dict, got {message!r}")
+    total = 0
+    for message in tuple(messages):
+        _require(isinstance(message, Mapping), f"a chat message must be a dict, got {type(message).__name__}")
         role, content = message.get("role"), message.get("content")
-        _require(role in ROLES, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
+        _require(
+            isinstance(role, str) and role in ROLES,
+            f"unknown role {_show(role)}; expected one of {sorted(ROLES)}",
+        )
         _require(isinstance(content, str), f"a {role} message needs a str content")
-        checked.append(MappingProxyType({"role": role, "content": content}))
+        text = _checked_text(f"a {role} message's content", content, MAX_PROMPT_CHARS)
+        total += len(text)
+        _require(
+            total <= MAX_PROMPT_CHARS, f"a chat's contents may have at most {MAX_PROMPT_CHARS} characters"
+        )
+        checked.append(MappingProxyType({"role": str.__getitem__(role, slice(None)), "content": text}))
     return tuple(checked)
 
 
@@ -371,9 +460,13 @@ class Chat(_RequestMessage):
     """Complete a conversation rendered with the model's own chat template; ``ask`` returns a Future."""
 
     messages: Sequence[Mapping[str, str]] = field(kw_only=False)  # stored as a tuple
+    parse_special: bool = False
+    """Let special-token text in message content (``<|im_start|>``) become special tokens;
+    by default content is text, and special tokens come only from the template."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
+        _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
         _RequestMessage._check_options(self)
 
 
@@ -383,9 +476,12 @@ class StreamChat(_RequestMessage):
 
     messages: Sequence[Mapping[str, str]] = field(kw_only=False)  # stored as a tuple
     reply_to: ReplyTo
+    parse_special: bool = False
+    """As ``Chat.parse_special``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
+        _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
         _check_reply_to(self.reply_to)
         _RequestMessage._check_options(self)
 
@@ -403,6 +499,21 @@ class Cancel:
     """Cancel a queued or running request; unknown ids are ignored."""
 
     request_id: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request_id", _checked_text("request_id", self.request_id, MAX_ID_LENGTH))
+
+
+@dataclass(frozen=True, slots=True)
+class _CancelExact:
+    """Internal: cancel ``request_id`` only if it runs the request admitted from ``message``.
+
+    The helpers cancel their own request with it: a late cancel (an abandoned stream
+    iterator collected long after) must not hit a newer request that reuses the id.
+    """
+
+    request_id: str
+    message: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +535,12 @@ class Drain:
     """
 
     timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None:
+            timeout = _checked_float("Drain timeout", self.timeout)
+            _require(timeout >= 0, f"Drain timeout must be >= 0 seconds or None, got {_show(self.timeout)}")
+            object.__setattr__(self, "timeout", timeout)
 
 
 @dataclass(frozen=True, slots=True)
