@@ -9,7 +9,9 @@ emit ``tick``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -19,12 +21,14 @@ import pykka
 
 import telemetry
 from actors._batch import BatchArrays, Segment, check_plan, lay_out
+from actors._delivery import courier
 from actors._errors import DecodeError, EngineError, EngineStopped, InvalidRequest, QueueFull, StrategyError
 from actors._faults import faults
-from actors._llama import LlamaBackend
+from actors._llama import DeadEnd, LlamaBackend, _Chain
 from actors._memory import KVMemory
-from actors._messages import STREAMING, Chat, ReplyTo, RequestMessage, SamplingParams, StreamChat, put_nowait
+from actors._messages import STREAMING, ReplyTo, RequestMessage, SamplingParams, _CancelExact
 from actors._output import TextStream
+from actors._prepare import MAX_GRAMMAR_MS_PER_TOKEN, Prepared
 from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
 from actors._slots import Request, Slot
 from strategies import BatchPlan, BatchStrategy, SlotState
@@ -33,6 +37,8 @@ __all__ = ["Engine", "EngineConfig"]
 
 _log = logging.getLogger("llama_cpp_actors.engine")
 
+# A grammar over MAX_GRAMMAR_MS_PER_TOKEN for this many tokens in a row fails its request.
+_GRAMMAR_STRIKES = 3
 _DECODE_OK = 0
 _DECODE_NO_KV_SPACE = 1
 
@@ -118,24 +124,36 @@ class Engine:
 
     def admit(
         self,
-        message: RequestMessage,
+        prepared: Prepared,
         future: pykka.ThreadingFuture[object] | None = None,
         reply_to: ReplyTo | None = None,
     ) -> None:
-        """Check a request against the model and place it in a slot or the queue.
+        """Check a prepared request against the model and place it in a slot or the queue.
+
+        The expensive part (tokenizing, the chat template, the grammar) was done by
+        :func:`actors._prepare.prepare`, normally in the caller's thread; this checks
+        its result and the engine's limits, in time independent of the prompt's text.
 
         Raises:
             InvalidRequest: it can never run here (nothing is queued).
             QueueFull: every slot is busy and ``max_queue`` requests wait.
+            EngineStopped: the engine is draining.
         """
         backend = self.backend
+        message = prepared.message
         if self.draining:
             raise EngineStopped("the engine is draining: it takes no new requests")
         if message.request_id in self.requests:
             raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
         if isinstance(message, STREAMING) != (reply_to is not None):
             raise InvalidRequest("internal: reply path does not match the message")
-        prompt = self._fit(self._prompt_tokens(message), message)
+        prompt = list(prepared.prompt)
+        if not prompt:
+            raise InvalidRequest("prompt tokenizes to nothing")
+        if max(prompt) >= backend.n_vocab or min(prompt) < 0:
+            bad = next(t for t in prompt if not 0 <= t < backend.n_vocab)
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary (n_vocab={backend.n_vocab})")
+        prompt = self._fit(prompt, message)
         bias = dict(message.logit_bias) if message.logit_bias else None
         if bias and max(bias) >= backend.n_vocab:
             raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
@@ -143,14 +161,16 @@ class Engine:
         if not free and len(self.waiting) >= self.config.max_queue:
             raise QueueFull(f"all {len(self.slots)} slots busy and {len(self.waiting)} requests waiting")
         params = self.config.defaults.merged(message)
-        if message.json_schema is not None:
-            params = dataclasses.replace(params, grammar=backend.json_schema_grammar(message.json_schema))
+        if prepared.grammar is not None:
+            params = dataclasses.replace(params, grammar=prepared.grammar)
         sampler = backend.make_sampler(params, bias, prompt)
         self._arrivals += 1
         request = Request(message, prompt, params, self._arrivals, sampler, future, reply_to)
         request.text = TextStream(message.stop or (), message.min_tokens)
         if message.logprobs is not None:
             request.logprobs = []
+        if reply_to is not None:
+            request.on_stall = functools.partial(self._stalled, message)
         self.requests[request.request_id] = request
         if message.deadline_s is not None:
             request.deadline = request.t_admitted + message.deadline_s
@@ -160,6 +180,12 @@ class Engine:
         else:
             self._enqueue(request)
 
+    def _stalled(self, message: RequestMessage) -> None:
+        """A stream's consumer stopped reading: cancel it (the courier's thread)."""
+        _log.warning("the consumer of stream %s stopped reading; cancelling it", message.request_id)
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.sender.tell(_CancelExact(message.request_id, message))
+
     def _enqueue(self, request: Request) -> None:
         """Lower ``priority`` first, first come first served within a priority."""
         key = request.message.priority
@@ -167,25 +193,6 @@ class Engine:
         while index > 0 and self.waiting[index - 1].message.priority > key:
             index -= 1
         self.waiting.insert(index, request)
-
-    def _prompt_tokens(self, message: RequestMessage) -> list[int]:
-        backend = self.backend
-        if isinstance(message, Chat | StreamChat):
-            # As create_chat_completion: the template writes its own BOS, if any.
-            rendered = backend.render_chat([dict(m) for m in message.messages])
-            prompt = backend.tokenize(rendered, add_special=False, parse_special=True)
-        elif hasattr(message, "prompt"):
-            prompt = backend.tokenize(message.prompt)
-        else:
-            prompt = list(message.tokens)
-            bad = [t for t in prompt if t >= backend.n_vocab]
-            if bad:
-                raise InvalidRequest(
-                    f"token id {bad[0]} is outside the vocabulary (n_vocab={backend.n_vocab})"
-                )
-        if not prompt:
-            raise InvalidRequest("prompt tokenizes to nothing")
-        return prompt
 
     def _fit(self, prompt: list[int], message: RequestMessage) -> list[int]:
         """The prompt if it fits a slot's context, truncated if the request allows it."""
@@ -221,10 +228,11 @@ class Engine:
                 {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
             )
 
-    def cancel(self, request_id: str) -> None:
-        """Cancel a queued or running request; an unknown id is ignored."""
+    def cancel(self, request_id: str, message: object = None) -> None:
+        """Cancel a queued or running request; an unknown id is ignored, and so is a
+        request not admitted from ``message`` when one is given."""
         request = self.requests.get(request_id)
-        if request is None:
+        if request is None or (message is not None and request.message is not message):
             return
         self._stop_request(request, "cancelled")
 
@@ -454,7 +462,28 @@ class Engine:
         if request.logprobs is not None:  # from the raw logits, before any ban or bias
             log_softmax, top = self.backend.logprobs(index, message.logprobs or 0)
         ban_eog = message.ignore_eos or len(request.token_ids) < message.min_tokens
-        token = self.backend.sample(request.sampler, index, ban_eog=ban_eog)
+        try:
+            token = self.backend.sample(request.sampler, index, ban_eog=ban_eog)
+        except DeadEnd as dead_end:
+            if dead_end.eog_allowed:  # only the end is allowed: min_tokens/ignore_eos yield
+                self._finish(slot, "eog")
+            else:
+                self._fail(
+                    slot,
+                    InvalidRequest(
+                        "no token is allowed here: the grammar and logit_bias leave nothing to sample"
+                    ),
+                )
+            return
+        if self._too_costly(request):
+            self._fail(
+                slot,
+                InvalidRequest(
+                    f"the grammar costs over {MAX_GRAMMAR_MS_PER_TOKEN:.0f} ms per token, which would "
+                    "slow every other request; simplify it"
+                ),
+            )
+            return
         logprob = None
         if log_softmax is not None and token not in self.backend.eog_ids:
             piece = self.backend.piece
@@ -465,6 +494,18 @@ class Engine:
                 tuple(TopLogprob(t, piece(t).decode("utf-8", "replace"), lp) for t, lp in top),
             )
         self._on_token(slot, token, logprob)
+
+    @staticmethod
+    def _too_costly(request: Request) -> bool:
+        """The request's grammar took over the limit for several tokens in a row."""
+        sampler = request.sampler
+        if not isinstance(sampler, _Chain) or not sampler.has_grammar:
+            return False
+        if sampler.filter_ms <= MAX_GRAMMAR_MS_PER_TOKEN:
+            request.grammar_strikes = 0
+            return False
+        request.grammar_strikes += 1
+        return request.grammar_strikes >= _GRAMMAR_STRIKES
 
     def _on_token(self, slot: Slot, token: int, logprob: TokenLogprob | None) -> None:
         request = slot.request
@@ -512,12 +553,11 @@ class Engine:
     # -- finishing -----------------------------------------------------------------
 
     def _put(self, request: Request, event: object) -> bool:
-        """Put a stream event without blocking the engine; a failed put cancels the request."""
+        """Hand a stream event to the courier (it never blocks the engine; a full queue
+        holds it); a consumer that is gone cancels the request."""
         assert request.reply_to is not None
-        try:
-            put_nowait(request.reply_to, event)
-        except Exception as e:
-            _log.warning("stream consumer of %s is gone (%r); cancelling", request.request_id, e)
+        if not courier.send(request.reply_to, event, request.on_stall):
+            _log.warning("stream consumer of %s is gone; cancelling", request.request_id)
             request.reply_to = None  # nobody to tell any more
             if request.seq_id >= 0 and self.slots[request.seq_id].request is request:
                 self._finish(self.slots[request.seq_id], "cancelled")

@@ -9,13 +9,16 @@ it reaches :meth:`LlamaBackend.decode`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
 import math
 import os
 import threading
-from collections.abc import Callable
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +32,7 @@ from actors._errors import EngineStopped, InvalidRequest, ModelLoadError
 from actors._faults import faults
 from actors._messages import SamplingParams
 
-__all__ = ["BackendOptions", "LlamaBackend", "default_n_threads", "llama_cpp_version"]
+__all__ = ["BackendOptions", "DeadEnd", "LlamaBackend", "default_n_threads", "llama_cpp_version"]
 
 _log = logging.getLogger("llama_cpp_actors.llama_cpp")
 
@@ -157,14 +160,31 @@ class LlamaBackend:
             t for t in range(self.n_vocab) if _lc.llama_vocab_is_eog(self._vocab, t)
         )
         self.eog_array = np.fromiter(sorted(self.eog_ids), dtype=np.intp)
-        self._pieces: list[bytes | None] = [None] * self.n_vocab
-        self._piece_buf = ctypes.create_string_buffer(256)
-        # Callers' threads tokenize through an actors.Tokenizer; close() takes this
-        # lock so the vocabulary is never freed under a running tokenize.
-        self._vocab_lock = threading.Lock()
+        # Every piece up front (tens of ms): the engine thread then never calls into
+        # the vocabulary, nor waits for a caller's thread that tokenizes a long prompt.
+        self._pieces: list[bytes] = [self._load_piece(t) for t in range(self.n_vocab)]
+        # Callers' threads tokenize (and probe grammars) at once; close() waits until
+        # they are done, so the vocabulary is never freed under them.
+        self._readers = _Readers()
+        self._specials = self._special_texts()
         self._chat = self._chat_formatter()
         self.n_decode_calls = 0
+        self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
+        self._candidates = _candidates(self.n_vocab)
         self._init_batch(self.n_batch)
+
+    def _special_texts(self) -> dict[str, int]:
+        """The text of every token that tokenizing with ``parse_special`` matches, to its id."""
+        special = (
+            _lc.LLAMA_TOKEN_ATTR_CONTROL | _lc.LLAMA_TOKEN_ATTR_USER_DEFINED | _lc.LLAMA_TOKEN_ATTR_UNKNOWN
+        )
+        texts: dict[str, int] = {}
+        for token in range(self.n_vocab):
+            if _lc.llama_vocab_get_attr(self._vocab, token) & special:
+                text = _lc.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+                if text:
+                    texts.setdefault(text, token)
+        return texts
 
     def _chat_formatter(self) -> Jinja2ChatFormatter | None:
         # The same formatter llama_cpp.Llama builds from the GGUF metadata, so chat
@@ -185,13 +205,81 @@ class LlamaBackend:
         )
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """The prompt for ``messages`` under the model's chat template (actor thread)."""
+        """The prompt for ``messages`` under the model's chat template (thread-safe)."""
         if self._chat is None:
             raise InvalidRequest("the model has no chat template")
         try:
             return str(self._chat(messages=messages).prompt)  # type: ignore[arg-type]
         except Exception as e:  # the template's raise_exception, or a Jinja error
             raise InvalidRequest(f"the chat template refused these messages: {e}") from None
+
+    def tokenize_chat(self, messages: list[dict[str, str]], parse_special: bool = False) -> list[int]:
+        """The prompt tokens of a chat (thread-safe), as ``create_chat_completion`` makes them.
+
+        Special tokens come only from the template: text inside message content that
+        spells one (``<|im_start|>system``) is tokenized as text, so no message can forge
+        another role, unless ``parse_special`` allows it.
+        """
+        rendered = self.render_chat(messages)
+        contents = [m["content"] for m in messages]
+        if parse_special or not any(text in c for c in contents for text in self._specials):
+            # As create_chat_completion: the template writes its own BOS, if any.
+            return self.tokenize(rendered, add_special=False, parse_special=True)
+        # Render again with a marker for each content to find where the template put it.
+        marks = [f"\ue000{uuid.uuid4().hex}{i}\ue001" for i in range(len(messages))]
+        skeleton = self.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
+        parts: list[str] = []
+        rest = skeleton
+        for mark in marks:
+            head, found, rest = rest.partition(mark)
+            if not found:
+                break
+            parts.append(head)
+        if (
+            len(parts) != len(marks)
+            or "".join(p + c for p, c in zip(parts, contents, strict=True)) + rest != rendered
+        ):
+            raise InvalidRequest(
+                "a message's content spells a special token and this model's chat template rewrites "
+                "content, so it cannot be kept as text; remove it, or pass parse_special=True"
+            )
+        # Special tokens only in the template's parts; the text between them (template
+        # text and content together) is tokenized as text, as llama.cpp does around them.
+        tokens: list[int] = []
+        run: list[str] = []
+        for part, content in [*zip(parts, contents, strict=True), (rest, "")]:
+            for piece, special in self._split_special(part):
+                if special is None:
+                    run.append(piece)
+                else:
+                    tokens += self._tokenize_text("".join(run))
+                    run = []
+                    tokens.append(special)
+            run.append(content)
+        return tokens + self._tokenize_text("".join(run))
+
+    def _split_special(self, text: str) -> list[tuple[str, int | None]]:
+        """``text`` cut at the special tokens it spells (longest first): (text, None) or (text, id)."""
+        pieces: list[tuple[str, int | None]] = []
+        start = 0
+        while start < len(text):
+            best: tuple[int, str] | None = None
+            for special in self._specials:
+                i = text.find(special, start)
+                if i >= 0 and (best is None or i < best[0] or (i == best[0] and len(special) > len(best[1]))):
+                    best = (i, special)
+            if best is None:
+                pieces.append((text[start:], None))
+                break
+            i, special = best
+            if i > start:
+                pieces.append((text[start:i], None))
+            pieces.append((special, self._specials[special]))
+            start = i + len(special)
+        return pieces
+
+    def _tokenize_text(self, text: str) -> list[int]:
+        return self.tokenize(text, add_special=False, parse_special=False) if text else []
 
     @staticmethod
     def json_schema_grammar(schema: object) -> str:
@@ -252,7 +340,7 @@ class LlamaBackend:
         params: SamplingParams,
         logit_bias: dict[int, float] | None,
         history: list[int],
-    ) -> Any:
+    ) -> _Greedy | _Chain:
         """Build a sampler for one request; raises ``InvalidRequest`` on a bad grammar.
 
         ``history`` is the prompt: its tail feeds the repetition penalties. Plain greedy
@@ -265,65 +353,132 @@ class LlamaBackend:
         )
         if params.temp == 0 and params.grammar is None and penalties_off:
             return _Greedy(logit_bias)
-        chain = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
+        chain = _Chain()
         try:
-            if logit_bias:
-                biases: Any = (_lc.llama_logit_bias * len(logit_bias))()
-                for i, (token, bias) in enumerate(logit_bias.items()):
-                    biases[i].token = token
-                    biases[i].bias = bias if math.isfinite(bias) else -math.inf
-                _lc.llama_sampler_chain_add(
-                    chain, _lc.llama_sampler_init_logit_bias(self.n_vocab, len(logit_bias), biases)
+            if logit_bias or not penalties_off or params.grammar is not None:
+                filters = chain.filters = _lc.llama_sampler_chain_init(
+                    _lc.llama_sampler_chain_default_params()
                 )
-            if not penalties_off:
-                last_n = self.n_ctx if params.penalty_last_n == -1 else params.penalty_last_n
-                penalties = _lc.llama_sampler_init_penalties(
-                    last_n, params.penalty_repeat, params.penalty_freq, params.penalty_present
-                )
-                # Only the penalties see the prompt: accepting it on the whole chain
-                # would walk a grammar through tokens it never produced.
-                for token in history[-last_n:] if last_n > 0 else []:
-                    _lc.llama_sampler_accept(penalties, token)
-                _lc.llama_sampler_chain_add(chain, penalties)
-            if params.grammar is not None:
-                grammar = _lc.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
-                if not grammar:
-                    raise InvalidRequest("grammar does not parse (llama.cpp logs the reason)")
-                _lc.llama_sampler_chain_add(chain, grammar)
+                if logit_bias:
+                    _lc.llama_sampler_chain_add(filters, self._logit_bias_sampler(logit_bias))
+                if not penalties_off:
+                    last_n = self.n_ctx if params.penalty_last_n == -1 else params.penalty_last_n
+                    penalties = _lc.llama_sampler_init_penalties(
+                        self.n_vocab,
+                        last_n,
+                        params.penalty_repeat,
+                        params.penalty_freq,
+                        params.penalty_present,
+                    )
+                    # Only the penalties see the prompt: accepting it on the whole chain
+                    # would walk a grammar through tokens it never produced.
+                    for token in history[-last_n:] if last_n > 0 else []:
+                        _lc.llama_sampler_accept(penalties, token)
+                    _lc.llama_sampler_chain_add(filters, penalties)
+                if params.grammar is not None:
+                    _lc.llama_sampler_chain_add(filters, self._grammar_sampler(params.grammar))
+                    chain.has_grammar = True
+            select = chain.select = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
             if params.temp == 0:
-                _lc.llama_sampler_chain_add(chain, _lc.llama_sampler_init_greedy())
+                _lc.llama_sampler_chain_add(select, _lc.llama_sampler_init_greedy())
             else:
                 seed = _lc.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
                 if params.top_k > 0:
-                    _lc.llama_sampler_chain_add(chain, _lc.llama_sampler_init_top_k(params.top_k))
-                _lc.llama_sampler_chain_add(chain, _lc.llama_sampler_init_top_p(params.top_p, 1))
-                _lc.llama_sampler_chain_add(chain, _lc.llama_sampler_init_min_p(params.min_p, 1))
-                _lc.llama_sampler_chain_add(chain, _lc.llama_sampler_init_temp(params.temp))
-                _lc.llama_sampler_chain_add(chain, _lc.llama_sampler_init_dist(seed))
+                    _lc.llama_sampler_chain_add(select, _lc.llama_sampler_init_top_k(params.top_k))
+                _lc.llama_sampler_chain_add(select, _lc.llama_sampler_init_top_p(params.top_p, 1))
+                _lc.llama_sampler_chain_add(select, _lc.llama_sampler_init_min_p(params.min_p, 1))
+                _lc.llama_sampler_chain_add(select, _lc.llama_sampler_init_temp(params.temp))
+                _lc.llama_sampler_chain_add(select, _lc.llama_sampler_init_dist(seed))
         except BaseException:
-            _lc.llama_sampler_free(chain)
+            chain.free()
             raise
         return chain
+
+    def _logit_bias_sampler(self, logit_bias: dict[int, float]) -> Any:
+        biases: Any = (_lc.llama_logit_bias * len(logit_bias))()
+        for i, (token, bias) in enumerate(logit_bias.items()):
+            biases[i].token = token
+            biases[i].bias = bias if math.isfinite(bias) else -math.inf
+        return _lc.llama_sampler_init_logit_bias(self.n_vocab, len(logit_bias), biases)
+
+    def _grammar_sampler(self, grammar: str) -> Any:
+        """A grammar sampler of an already checked grammar (any thread, vocab held open)."""
+        sampler = _lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+        if not sampler:
+            raise InvalidRequest("grammar does not parse (llama.cpp logs the reason)")
+        return sampler
+
+    def probe_grammar(self, grammar: str, logit_bias: dict[int, float] | None) -> float:
+        """Check a grammar against the vocabulary in the caller's thread; its cost in ms.
+
+        Builds the grammar (with the request's logit biases) on its own, applies it once
+        to the whole vocabulary as the first token of a request would, and frees it.
+        Raises ``InvalidRequest`` when no token is allowed at the start: such a request
+        could never produce anything (thread-safe; never touches the context).
+        """
+        with self._readers.reading():
+            chain = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
+            try:
+                if logit_bias:
+                    _lc.llama_sampler_chain_add(chain, self._logit_bias_sampler(logit_bias))
+                _lc.llama_sampler_chain_add(chain, self._grammar_sampler(grammar))
+                candidates, array = _candidates(self.n_vocab)
+                candidates["id"] = np.arange(self.n_vocab, dtype=np.int32)
+                # CPU time of this thread, not wall time: a busy machine must not make
+                # an ordinary grammar look costly.
+                t0 = time.thread_time()
+                _lc.llama_sampler_apply(chain, ctypes.byref(array))
+                cost_ms = (time.thread_time() - t0) * 1000.0
+            finally:
+                _lc.llama_sampler_free(chain)
+        if not (candidates["logit"] > -np.inf).any():
+            raise InvalidRequest("the grammar (with this logit_bias) allows no token at the start")
+        return cost_ms
 
     def _logits(self, index: int) -> npt.NDArray[np.float32]:
         """A writable numpy view of batch row ``index``'s logits in llama.cpp's buffer."""
         return np.ctypeslib.as_array(_lc.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
 
-    def sample(self, sampler: Any, index: int, *, ban_eog: bool = False) -> int:
+    def sample(self, sampler: _Greedy | _Chain, index: int, *, ban_eog: bool = False) -> int:
         """Sample (and accept) a token from the logits of batch row ``index``.
 
         ``ban_eog`` makes every end-of-generation token impossible (``min_tokens``,
-        ``ignore_eos``) by writing -inf over its logit before the sampler reads it.
+        ``ignore_eos``). llama.cpp never sees a choice without an allowed token: its
+        grammar sampler aborts the process when asked to accept one. Such a dead end
+        raises :class:`DeadEnd` instead, and nothing is accepted.
         """
         if faults.sample is not None:
             faults.sample(index)
-        if ban_eog or isinstance(sampler, _Greedy):
-            logits = self._logits(index)
-            if ban_eog:
-                logits[self.eog_array] = -np.inf
-            if isinstance(sampler, _Greedy):
-                return sampler.pick(logits)
-        return int(_lc.llama_sampler_sample(sampler, self._ctx, index))
+        logits = self._logits(index)
+        if isinstance(sampler, _Greedy):
+            return sampler.pick(logits, self.eog_array if ban_eog else None)
+        # llama_sampler_sample's own steps, split in two: the filters (bias, penalties,
+        # grammar) mark what is allowed; then the dead end is caught before the
+        # selection (top-k ... dist) picks, and both accept the token.
+        candidates, array = self._candidates
+        candidates["id"] = self._token_ids
+        candidates["logit"] = logits
+        array.size, array.selected, array.sorted = self.n_vocab, -1, False
+        allowed = candidates["logit"]
+        if sampler.filters is not None:
+            t0 = time.thread_time()  # CPU time: contention must not count against the grammar
+            _lc.llama_sampler_apply(sampler.filters, ctypes.byref(array))
+            sampler.filter_ms = (time.thread_time() - t0) * 1000.0
+        eog_allowed = False
+        if ban_eog:
+            eog_allowed = bool((allowed[self.eog_array] > -np.inf).any())
+            allowed[self.eog_array] = -np.inf
+        if (sampler.filters is not None or ban_eog) and not (allowed > -np.inf).any():
+            raise DeadEnd(eog_allowed)
+        _lc.llama_sampler_apply(sampler.select, ctypes.byref(array))
+        selected = int(array.selected)
+        if not 0 <= selected < int(array.size) or not candidates["logit"][selected] > -np.inf:
+            raise DeadEnd(False)
+        token = int(candidates["id"][selected])
+        if sampler.filters is not None:
+            _lc.llama_sampler_accept(sampler.filters, token)
+        _lc.llama_sampler_accept(sampler.select, token)
+        return token
 
     def logprobs(self, index: int, k: int) -> tuple[npt.NDArray[np.float64], list[tuple[int, float]]]:
         """Log-softmax of row ``index``'s raw logits, and its ``k`` largest entries.
@@ -341,10 +496,10 @@ class LlamaBackend:
         return log_softmax, best
 
     @staticmethod
-    def free_sampler(sampler: Any) -> None:
+    def free_sampler(sampler: _Greedy | _Chain) -> None:
         """Free a sampler made by :meth:`make_sampler`."""
-        if not isinstance(sampler, _Greedy):
-            _lc.llama_sampler_free(sampler)
+        if isinstance(sampler, _Chain):
+            sampler.free()
 
     # -- KV memory ---------------------------------------------------------------
 
@@ -386,14 +541,25 @@ class LlamaBackend:
         ``add_special``: a BOS token when the model's metadata asks for one;
         ``parse_special``: special tokens such as ``<|im_start|>`` written in the text
         become their ids.
+
+        Raises:
+            InvalidRequest: ``text`` is not a str of valid Unicode (a lone surrogate).
+            EngineStopped: the model was unloaded.
         """
-        data = text.encode("utf-8")
+        if not isinstance(text, str):
+            raise InvalidRequest(f"can only tokenize a str, got {type(text).__name__}")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidRequest(f"text is not valid Unicode: a lone surrogate at index {e.start}") from None
         capacity = len(data) + 8
-        with self._vocab_lock:
+        with self._readers.reading():
             self._check_open()
             while True:
                 buf = (_lc.llama_token * capacity)()
-                n = _lc.llama_tokenize(self._vocab, data, len(data), buf, capacity, False, parse_special)
+                n = _lc.llama_tokenize(
+                    self._vocab, data, len(data), buf, capacity, False, bool(parse_special)
+                )
                 if n >= 0:
                     break
                 capacity = -n
@@ -402,12 +568,16 @@ class LlamaBackend:
 
     def detokenize(self, tokens: list[int]) -> str:
         """Text of ``tokens``, special tokens rendered (thread-safe); bad bytes become U+FFFD."""
-        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        bad = [
+            t
+            for t in tokens
+            if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.n_vocab)
+        ]
         if bad:
-            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (n_vocab={self.n_vocab})")
+            raise InvalidRequest(f"token id {bad[0]!r} is outside the vocabulary (n_vocab={self.n_vocab})")
         ids = (_lc.llama_token * max(len(tokens), 1))(*tokens)
         capacity = 8 * len(tokens) + 16
-        with self._vocab_lock:
+        with self._readers.reading():
             self._check_open()
             while True:
                 buf = ctypes.create_string_buffer(capacity)
@@ -423,29 +593,21 @@ class LlamaBackend:
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token as generated text (special tokens render empty)."""
-        cached = self._pieces[token]
-        if cached is None:
-            return self._load_piece(token)
-        return cached
+        return self._pieces[token]
 
     def _load_piece(self, token: int) -> bytes:
-        with self._vocab_lock:
-            self._check_open()
-            buf = self._piece_buf
+        buf = ctypes.create_string_buffer(256)
+        n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:  # a piece longer than the buffer: -n is the size it needs
+            buf = ctypes.create_string_buffer(-n)
             n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:  # a piece longer than the buffer: -n is the size it needs
-                buf = ctypes.create_string_buffer(-n)
-                n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        piece: bytes = buf.raw[: max(n, 0)]
-        self._pieces[token] = piece
-        return piece
+        return buf.raw[: max(n, 0)]
 
     # -- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:
-        """Free the context and the model (actor thread, once)."""
-        with self._vocab_lock:
-            self._close()
+        """Free the context and the model (actor thread, once), after running tokenizes."""
+        self._readers.close(self._close)
 
     def _close(self) -> None:
         if self._ctx:
@@ -454,6 +616,48 @@ class LlamaBackend:
         if self._model:
             _lc.llama_model_free(self._model)
             self._model = None
+
+
+class _Readers:
+    """Any number of readers of the vocabulary at once; ``close`` waits for them."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._n = 0
+        self._closed = False
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._cv:
+            if self._closed:
+                raise EngineStopped("the model was unloaded (its engine stopped)")
+            self._n += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._n -= 1
+                if not self._n:
+                    self._cv.notify_all()
+
+    def close(self, free: Callable[[], None]) -> None:
+        with self._cv:
+            self._closed = True
+            while self._n:
+                self._cv.wait()
+            free()
+
+
+class DeadEnd(Exception):
+    """No token may be sampled: every one is banned by the grammar, biases or ``min_tokens``.
+
+    ``eog_allowed``: an end-of-generation token was allowed and only the request's
+    ``min_tokens``/``ignore_eos`` banned it (the grammar is complete).
+    """
+
+    def __init__(self, eog_allowed: bool) -> None:
+        super().__init__(eog_allowed)
+        self.eog_allowed = eog_allowed
 
 
 class _Greedy:
@@ -465,11 +669,54 @@ class _Greedy:
         self._bias_ids = np.fromiter(logit_bias or (), dtype=np.intp)
         self._bias_values = np.fromiter((logit_bias or {}).values(), dtype=np.float32)
 
-    def pick(self, logits: npt.NDArray[np.float32]) -> int:
-        if self._bias_ids.size:
+    def pick(self, logits: npt.NDArray[np.float32], ban: npt.NDArray[np.intp] | None = None) -> int:
+        """The first most likely token; ``ban`` lists token ids that may not be picked."""
+        eog_allowed = False
+        if self._bias_ids.size or ban is not None:
             logits = logits.copy()
             logits[self._bias_ids] += self._bias_values
-        return int(np.argmax(logits))
+            if ban is not None:
+                eog_allowed = bool((logits[ban] > -np.inf).any())
+                logits[ban] = -np.inf
+        token = int(np.argmax(logits))
+        if not logits[token] > -np.inf:
+            raise DeadEnd(eog_allowed)
+        return token
+
+
+class _Chain:
+    """One request's llama.cpp samplers: the filters (logit bias, penalties, grammar),
+    then the selection (greedy, or top-k, top-p, min-p, temperature and dist)."""
+
+    __slots__ = ("filter_ms", "filters", "has_grammar", "select")
+
+    def __init__(self) -> None:
+        self.filters: Any = None
+        self.select: Any = None
+        self.has_grammar = False
+        self.filter_ms = 0.0  # the last application of the filters
+
+    def free(self) -> None:
+        for sampler in (self.filters, self.select):
+            if sampler:
+                _lc.llama_sampler_free(sampler)
+        self.filters = self.select = None
+
+
+_CANDIDATE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+assert _CANDIDATE.itemsize == ctypes.sizeof(_lc.llama_token_data)
+
+
+def _candidates(n_vocab: int) -> tuple[npt.NDArray[Any], Any]:
+    """A zeroed ``llama_token_data`` array in numpy and the ``llama_token_data_array`` over it."""
+    candidates = np.zeros(n_vocab, dtype=_CANDIDATE)
+    array = _lc.llama_token_data_array(
+        data=ctypes.cast(candidates.ctypes.data, _lc.llama_token_data_p),
+        size=n_vocab,
+        selected=-1,
+        sorted=False,
+    )
+    return candidates, array
 
 
 def default_n_threads() -> int:

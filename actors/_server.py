@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 import weakref
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import pykka
 
 import telemetry
-from actors._engine import Engine, EngineConfig
-from actors._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
-from actors._llama import BackendOptions, LlamaBackend, default_n_threads
+from actors._delivery import courier
+from actors._engine import Engine
+from actors._errors import EngineError, EngineStopped, InvalidRequest
+from actors._llama import LlamaBackend
 from actors._messages import (
     STREAMING,
     Cancel,
@@ -31,26 +32,29 @@ from actors._messages import (
     GetInfo,
     GetStats,
     GetTokenizer,
-    SamplingParams,
+    RequestMessage,
     SubmitMessage,
+    _CancelExact,
     _Submit,
 )
 from actors._model import resolve_model_path
+from actors._options import check_options
+from actors._prepare import prepare
+from actors._ref import TICK, EngineRef, _Admit, _Told
 from actors._results import Failed
 from actors._tokenizer import Tokenizer
-from strategies import BatchStrategy, DecodeMaximal
+from strategies import BatchStrategy
 
 __all__ = ["ServerActor"]
 
 _log = logging.getLogger("llama_cpp_actors.server")
 
 
-@dataclass(frozen=True, slots=True)
-class _Tick:
-    """The message the actor sends itself while there is work."""
+class _TickCrashed(Exception):
+    """A tick raised a BaseException (``sys.exit()`` in a callback, say): pykka would stop
+    every actor of the process for it; as an Exception it crashes only this engine."""
 
 
-_TICK = _Tick()
 _live_servers: weakref.WeakSet[ServerActor] = weakref.WeakSet()
 # Why an actor died, by actor URN: a Supervisor reads it to tell a crash from a stop.
 _crashes: dict[str, str] = {}
@@ -70,12 +74,6 @@ def _stop_live_servers() -> None:
             server.actor_ref.stop(block=True, timeout=5)
 
 
-def _positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
 class ServerActor(pykka.ThreadingActor):
     """Serves one llama.cpp model to many concurrent callers with continuous batching.
 
@@ -86,6 +84,11 @@ class ServerActor(pykka.ThreadingActor):
     """
 
     use_daemon_thread = True
+
+    @property
+    def actor_ref(self) -> EngineRef:
+        """This actor's ref: an :class:`actors._ref.EngineRef`."""
+        return self._actor_ref  # type: ignore[return-value]
 
     def __init__(
         self,
@@ -123,60 +126,24 @@ class ServerActor(pykka.ThreadingActor):
         name: str | None = None,
     ) -> None:
         super().__init__()
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigError(f"name must be a non-empty str or None, got {name!r}")
-        n_ctx = _positive("n_ctx", n_ctx)
-        n_parallel = _positive("n_parallel", n_parallel)
-        n_batch = _positive("n_batch", n_batch) if n_batch is not None else min(n_ctx, 2048)
-        n_ubatch = _positive("n_ubatch", n_ubatch) if n_ubatch is not None else min(n_batch, 512)
-        n_threads = _positive("n_threads", n_threads) if n_threads is not None else default_n_threads()
-        n_threads_batch = (
-            _positive("n_threads_batch", n_threads_batch) if n_threads_batch is not None else n_threads
-        )
-        if not isinstance(max_queue, int) or isinstance(max_queue, bool) or max_queue < 0:
-            raise ConfigError(f"max_queue must be an int >= 0, got {max_queue!r}")
-        if batch_strategy is None:
-            batch_strategy = DecodeMaximal()
-        if not isinstance(batch_strategy, BatchStrategy):
-            raise ConfigError(f"batch_strategy must be a BatchStrategy, got {batch_strategy!r}")
-        try:
-            defaults = SamplingParams(
-                temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                penalty_last_n=penalty_last_n, penalty_repeat=penalty_repeat,
-                penalty_freq=penalty_freq, penalty_present=penalty_present, grammar=grammar,
-            )  # fmt: skip
-        except InvalidRequest as e:
-            raise ConfigError(str(e)) from None
-        self.actor_options = BackendOptions(
-            model_path=resolve_model_path(model_path),
-            n_ctx=n_ctx,
-            n_batch=n_batch,
-            n_ubatch=n_ubatch,
-            n_parallel=n_parallel,
-            n_threads=n_threads,
-            n_threads_batch=n_threads_batch,
-            flash_attn=flash_attn,
-            type_k=type_k,
-            type_v=type_v,
-            n_gpu_layers=n_gpu_layers,
-            use_mmap=use_mmap,
-            use_mlock=use_mlock,
-        )
-        if n_ctx_per_slot is not None and _positive("n_ctx_per_slot", n_ctx_per_slot) > n_ctx:
-            raise ConfigError(f"n_ctx_per_slot ({n_ctx_per_slot}) cannot exceed n_ctx ({n_ctx})")
-        if not isinstance(prompt_cache_ram_mb, int | float) or not 0 <= prompt_cache_ram_mb < float("inf"):
-            raise ConfigError(f"prompt_cache_ram_mb must be a number >= 0, got {prompt_cache_ram_mb!r}")
-        self.actor_config = EngineConfig(
-            chunk_size=_positive("chunk_size", chunk_size),
-            max_queue=max_queue,
-            cache_prompt=bool(cache_prompt),
-            batch_strategy=batch_strategy,
-            defaults=defaults,
-            n_ctx_per_slot=n_ctx_per_slot,
-            context_shift=bool(context_shift),
-            ram_budget_bytes=int(prompt_cache_ram_mb * 1024 * 1024),
-            name=name,
-        )
+        # pykka made a plain ActorRef; ours prepares requests in the sender's thread.
+        self._actor_ref = EngineRef(self)
+        # Every option is checked, alone and against the others, before anything is
+        # loaded: llama.cpp aborts the process on some of them (see actors._options).
+        options = check_options(
+            model_path=model_path, n_parallel=n_parallel, n_ctx=n_ctx, n_batch=n_batch,
+            chunk_size=chunk_size, max_queue=max_queue, cache_prompt=cache_prompt,
+            batch_strategy=batch_strategy, n_threads=n_threads, temp=temp, top_k=top_k,
+            top_p=top_p, min_p=min_p, seed=seed, penalty_last_n=penalty_last_n,
+            penalty_repeat=penalty_repeat, penalty_freq=penalty_freq,
+            penalty_present=penalty_present, grammar=grammar, n_ubatch=n_ubatch,
+            n_threads_batch=n_threads_batch, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
+            n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, use_mlock=use_mlock,
+            n_ctx_per_slot=n_ctx_per_slot, context_shift=context_shift,
+            prompt_cache_ram_mb=prompt_cache_ram_mb, name=name,
+        )  # fmt: skip
+        self.actor_options = options.backend_options(resolve_model_path(options.model_path))
+        self.actor_config = options.engine_config()
         self.actor_engine: Engine | None = None
         self._who = "the engine" if name is None else f"the engine {name!r}"  # in error messages
         self._tick_scheduled = False
@@ -212,6 +179,7 @@ class ServerActor(pykka.ThreadingActor):
         if self.actor_options.n_batch > backend.n_batch:  # llama.cpp clamps; keep it honest
             _log.warning("n_batch clamped by llama.cpp to %d", backend.n_batch)
         self.actor_engine = Engine(backend, self.actor_config, self.actor_ref)
+        self.actor_ref.backend = backend
         _live_servers.add(self)
         if telemetry.model_load.receivers:
             load_ms = (time.perf_counter() - t0) * 1000.0
@@ -238,12 +206,19 @@ class ServerActor(pykka.ThreadingActor):
 
     def _shutdown(self, error: EngineError) -> None:
         _live_servers.discard(self)
+        self.actor_ref.backend = None  # callers' threads stop preparing with it
         engine, self.actor_engine = self.actor_engine, None
+        drain, self._drain = self._drain, None
         if engine is None:
+            if drain is not None:
+                drain[0].set(0)
             return
         try:
+            unfinished = len(engine.requests)
             engine.fail_all(error)
             self._fail_inbox(error)
+            if drain is not None:  # stopped or crashed while draining: the drain ends too
+                drain[0].set(unfinished)
         finally:
             engine.backend.close()
 
@@ -255,9 +230,22 @@ class ServerActor(pykka.ThreadingActor):
         while not inbox.empty():
             envelope = inbox.get()
             message = envelope.message
-            if isinstance(message, STREAMING):
-                with contextlib.suppress(Exception):  # the consumer is gone too
-                    message.reply_to.put(Failed(message.request_id, error))
+            if isinstance(message, _Told):
+                message = message.message
+            if isinstance(message, _Admit):
+                asker = envelope.reply_to
+                if (
+                    asker is not None
+                    and message.future is None
+                    and not isinstance(message.message, STREAMING)
+                ):
+                    asker.set_exception(exc_info=(type(error), error, None))
+                else:  # its outcome goes where a told one's would; the asker learns nothing more
+                    self._refuse(dataclasses.replace(message, told=True), error)
+                    if asker is not None:
+                        asker.set(None)
+            elif isinstance(message, STREAMING):
+                courier.send(message.reply_to, Failed(message.request_id, error))
             elif isinstance(message, SubmitMessage) and envelope.reply_to is not None:
                 envelope.reply_to.set_exception(exc_info=(type(error), error, None))
             else:
@@ -268,32 +256,53 @@ class ServerActor(pykka.ThreadingActor):
     # -- messages (actor thread) ---------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        """Dispatch one message; ticks are self-sent, the rest come from callers."""
+        """Dispatch one message; ticks are self-sent, the rest come from callers.
+
+        A caller's message never takes the engine down: a failure of a told one is
+        logged (a request's failure is its own outcome), of an asked one goes back to
+        the caller as an ``EngineError``. Only a tick may crash the engine.
+        """
+        told = isinstance(message, _Told)
+        if told:
+            message = message.message
+        try:
+            return self._dispatch(message)
+        except BaseException as e:
+            if message is TICK:
+                if isinstance(e, Exception):
+                    raise  # the engine's state may be broken: crash, a Supervisor restarts
+                raise _TickCrashed(f"a tick raised {e!r}") from e
+            if told:
+                _log.exception("a told %s failed; ignored", type(message).__name__)
+                return None
+            if isinstance(e, EngineError):
+                raise
+            _log.exception("an asked %s failed", type(message).__name__)
+            raise EngineError(f"{type(message).__name__} failed: {e!r}") from None
+
+    def _dispatch(self, message: Any) -> Any:
         engine = self.actor_engine
         if engine is None:
             raise EngineStopped("the engine is not running")
-        if message is _TICK:
+        if message is TICK:
             self._tick_scheduled = False
             engine.step()
             if self._drain is not None:
                 self._check_drain(engine)
-        elif isinstance(message, SubmitMessage):
-            future: pykka.ThreadingFuture[object] = pykka.ThreadingFuture()
-            engine.admit(message, future=future)
+        elif isinstance(message, _Admit):
+            answer = self._admit(engine, message)
             self._schedule()
-            return future
-        elif isinstance(message, _Submit):
-            engine.admit(message.message, future=message.future)
-        elif isinstance(message, STREAMING):
-            try:
-                engine.admit(message, reply_to=message.reply_to)
-            except EngineError as error:
-                try:
-                    message.reply_to.put(Failed(message.request_id, error))
-                except Exception:
-                    _log.warning("could not deliver %r for %s", error, message.request_id)
+            return answer
+        elif isinstance(message, RequestMessage | _Submit):  # not through an EngineRef
+            item = message if isinstance(message, _Submit) else None
+            request = message.message if isinstance(message, _Submit) else message
+            answer = self._admit(engine, _Admit(request, None, None, item.future if item else None, False))
+            self._schedule()
+            return answer
         elif isinstance(message, Cancel):
             engine.cancel(message.request_id)
+        elif isinstance(message, _CancelExact):
+            engine.cancel(message.request_id, message.message)
         elif isinstance(message, GetStats):
             return engine.stats()
         elif isinstance(message, GetInfo):
@@ -307,6 +316,40 @@ class ServerActor(pykka.ThreadingActor):
             return None
         self._schedule()
         return None
+
+    def _admit(self, engine: Engine, item: _Admit) -> Any:
+        """Admit a request; its refusal is its outcome (actor thread)."""
+        message = item.message
+        try:
+            if item.error is not None:
+                raise item.error
+            prepared = item.prepared if item.prepared is not None else prepare(engine.backend, message)
+            if isinstance(message, STREAMING):
+                engine.admit(prepared, reply_to=message.reply_to)
+                return None
+            future: pykka.ThreadingFuture[object] = item.future or pykka.ThreadingFuture()
+            engine.admit(prepared, future=future)
+            return None if item.future is not None else future
+        except EngineError as error:
+            return self._refuse(item, error)
+        except Exception as e:
+            _log.exception("admitting %s failed", message.request_id)
+            return self._refuse(item, InvalidRequest(f"the request could not be admitted: {e!r}"))
+
+    @staticmethod
+    def _refuse(item: _Admit, error: EngineError) -> None:
+        """Give a refused request its one outcome: a stream's Failed, a told future's
+        exception; an asked request raises it (to its asker)."""
+        message = item.message
+        if isinstance(message, STREAMING):
+            if not courier.send(message.reply_to, Failed(message.request_id, error)):
+                _log.warning("could not deliver %r for %s", error, message.request_id)
+        elif item.future is not None and item.told:
+            item.future.set_exception(exc_info=(type(error), error, None))
+        elif item.told:
+            _log.warning("a told %s was refused: %s", type(message).__name__, error)
+        else:
+            raise error
 
     def _start_drain(self, engine: Engine, message: Drain) -> pykka.ThreadingFuture[int]:
         if self._drain is None:
@@ -327,6 +370,7 @@ class ServerActor(pykka.ThreadingActor):
                 return
             unfinished = len(engine.requests)
             engine.fail_all(EngineStopped("the drain timed out before the request finished"))
+        self._drain = None
         future.set(unfinished)
         self.stop()  # after this message: pending callers are already answered
 
@@ -334,7 +378,7 @@ class ServerActor(pykka.ThreadingActor):
         engine = self.actor_engine
         if not self._tick_scheduled and engine is not None and engine.has_work:
             self._tick_scheduled = True
-            self.actor_ref.tell(_TICK)
+            self.actor_ref.tell(TICK)
 
     def _info(self, engine: Engine) -> dict[str, Any]:
         backend = engine.backend

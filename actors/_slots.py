@@ -10,7 +10,7 @@ token (``pending``) waits to be decoded.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -56,6 +56,9 @@ class Request:
     started: bool = False
     preemptions: int = 0
     deadline: float | None = None  # monotonic time by which it must end
+    # The courier calls it when the stream's consumer stops reading (streams only).
+    on_stall: Callable[[], None] | None = None
+    grammar_strikes: int = 0  # tokens in a row whose grammar cost over the limit
 
     def __post_init__(self) -> None:
         if not self.context:

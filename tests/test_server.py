@@ -15,6 +15,7 @@ from actors import (
     Cancel,
     Completion,
     Done,
+    Failed,
     Generate,
     GenerateTokens,
     GetInfo,
@@ -25,6 +26,7 @@ from actors import (
     generate,
     stream,
 )
+from actors._delivery import courier
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 
@@ -187,14 +189,26 @@ def test_stream_helper_joins_to_the_completion_and_closing_early_cancels(
     assert "cancelled" in [md["stop_reason"] for _, md in recorder.of("done")]
 
 
-def test_a_stream_whose_consumer_is_gone_is_cancelled(server: pykka.ActorRef[Any]) -> None:
+def test_a_stream_whose_consumer_stops_reading_is_cancelled_and_still_gets_its_end(
+    server: pykka.ActorRef[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(courier, "stall_s", 0.5)
     full: queue.Queue[Any] = queue.Queue(maxsize=2)
     server.tell(Stream("Nobody reads this", reply_to=full, max_tokens=500, logit_bias=NO_EOG))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (full.qsize() < 2 or server.ask(GetStats())["active_slots"]):
         time.sleep(0.02)
-    assert server.ask(GetStats())["active_slots"] == 0
+    assert server.ask(GetStats())["active_slots"] == 0  # cancelled once it stalled
     assert generate(server, "Still serving?", max_tokens=3, logit_bias=NO_EOG).generated_tokens == 3
+    # The consumer reads again: the held tokens, then exactly one Done, in order.
+    events = [full.get(timeout=5)]
+    while not isinstance(events[-1], Done | Failed):
+        events.append(full.get(timeout=5))
+    assert isinstance(events[-1], Done) and events[-1].completion.stop_reason == "cancelled"
+    tokens = [e.token_id for e in events if isinstance(e, Token)]
+    assert tokens == list(events[-1].completion.token_ids)
+    time.sleep(0.1)
+    assert full.empty()
 
 
 def test_stats_and_info(server: pykka.ActorRef[Any], model_path: str) -> None:

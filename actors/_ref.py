@@ -1,0 +1,119 @@
+"""``EngineRef``: the ``pykka.ActorRef`` of a ServerActor, which prepares requests itself.
+
+``ServerActor.start()`` returns one. It is an ``ActorRef`` in every way, with two
+additions that run in the sender's thread:
+
+- a request (``Generate``, ``Stream``, ``Chat``, ...) is tokenized, its chat template
+  rendered and its grammar checked here (:func:`actors._prepare.prepare`), so a long
+  prompt costs its sender's thread, not the engine thread every tenant shares;
+- what it sends says whether it was told or asked (``_Admit.told``, ``_Told``): pykka
+  stops an actor when a told message raises, so the actor must know which failures it
+  may raise and which it must turn into the request's own outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+from actors._errors import EngineError
+from actors._messages import (
+    STREAMING,
+    Cancel,
+    Drain,
+    GetInfo,
+    GetStats,
+    GetTokenizer,
+    RequestMessage,
+    _CancelExact,
+    _Submit,
+)
+from actors._prepare import Prepared, prepare
+
+if TYPE_CHECKING:
+    from actors._llama import LlamaBackend
+
+__all__ = ["EngineRef"]
+
+_CALLER_MESSAGES = (Cancel, _CancelExact, GetStats, GetInfo, GetTokenizer, Drain)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """The message the actor sends itself while there is work."""
+
+
+TICK = _Tick()
+
+
+@dataclass(frozen=True, slots=True)
+class _Told:
+    """A message that was told, not asked: the actor must not raise for it."""
+
+    message: object
+
+
+@dataclass(frozen=True, slots=True)
+class _Admit:
+    """A request on its way to admission, prepared in the sender's thread when possible.
+
+    ``prepared`` is None when the model was not loaded yet (the actor prepares it);
+    ``error`` is why preparing failed, delivered by the actor as the request's outcome
+    (a stream's ``Failed``, a future's exception). ``future`` is a pool's ``_Submit``
+    future.
+    """
+
+    message: RequestMessage
+    prepared: Prepared | None
+    error: EngineError | None
+    future: pykka.ThreadingFuture[object] | None
+    told: bool
+
+
+class EngineRef(pykka.ActorRef[Any]):
+    """The ref of a ServerActor: ``ask``/``tell`` prepare requests in the caller's thread."""
+
+    def __init__(self, actor: Any) -> None:
+        super().__init__(actor)
+        self.backend: LlamaBackend | None = None
+        """The loaded model, set by the actor once it is loaded and cleared at stop."""
+
+    def tell(self, message: Any) -> None:
+        """``ActorRef.tell``; a request is prepared first (caller's thread)."""
+        super().tell(message if message is TICK else self._wrap(message, told=True))
+
+    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
+        """``ActorRef.ask``; a request is prepared first, and one that cannot be prepared
+        raises here (or, with ``block=False``, comes back as a failed future)."""
+        try:
+            wrapped = self._wrap(message, told=False)
+        except EngineError as error:
+            if block:
+                raise
+            future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+            future.set_exception(exc_info=(type(error), error, None))
+            return future
+        return super().ask(wrapped, block=block, timeout=timeout)
+
+    def _wrap(self, message: Any, *, told: bool) -> Any:
+        request: RequestMessage
+        if isinstance(message, _Submit):
+            request, future = message.message, message.future
+        elif isinstance(message, RequestMessage):
+            request, future = message, None
+        else:
+            # Only our own messages: pykka's (its stop message, proxies' calls) pass as they are.
+            return _Told(message) if told and isinstance(message, _CALLER_MESSAGES) else message
+        prepared: Prepared | None = None
+        error: EngineError | None = None
+        backend = self.backend
+        if backend is not None:
+            try:
+                prepared = prepare(backend, request)
+            except EngineError as e:
+                if not told and not isinstance(request, STREAMING):
+                    raise  # an asked Generate or pool submit: the caller gets it now
+                error = e
+        return _Admit(request, prepared, error, future, told)
