@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from actors._errors import StrategyError
 from actors._slots import Slot
-from strategies import BatchPlan, SlotState, SlotView
+from strategies import BatchPlan, SlotPlan, SlotState, SlotView
 
 __all__ = ["BatchArrays", "Segment", "check_plan", "lay_out"]
 
@@ -41,12 +41,30 @@ class Segment:
 
 
 def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_size: int) -> BatchPlan:
-    """Return ``plan`` if the engine may run it, else raise ``StrategyError`` saying why."""
+    """The plan, materialized, if the engine may run it, else ``StrategyError`` saying why.
+
+    The entries are read once, into a new tuple: a plan built from a generator would
+    otherwise be used up by this check and leave nothing for the batch.
+    """
     if not isinstance(plan, BatchPlan):
         raise StrategyError(f"build_batch must return a BatchPlan, got {type(plan).__name__}")
+    try:
+        entries = tuple(plan.slots)
+    except Exception as e:
+        raise StrategyError(f"the plan's slots cannot be read: {e!r}") from None
     seen: set[int] = set()
     total = 0
-    for entry in plan.slots:
+    for entry in entries:
+        if not isinstance(entry, SlotPlan):
+            raise StrategyError(f"a plan entry must be a SlotPlan, got {type(entry).__name__}")
+        if (
+            not _is_int(entry.seq_id)
+            or not isinstance(entry.decode, bool)
+            or not _is_int(entry.prefill_tokens)
+        ):
+            raise StrategyError(
+                f"a plan entry needs an int seq_id and prefill_tokens and a bool decode: {entry!r}"
+            )
         view = views.get(entry.seq_id)
         if view is None:
             raise StrategyError(f"plan names seq_id {entry.seq_id}, which is not a busy slot")
@@ -67,7 +85,11 @@ def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_s
     if total == 0 and views:
         # An empty plan with work waiting would spin the engine forever.
         raise StrategyError("plan schedules no token although slots have work")
-    return plan
+    return BatchPlan(entries)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def lay_out(plan: BatchPlan, slots: Mapping[int, Slot], arrays: BatchArrays) -> list[Segment]:

@@ -320,7 +320,7 @@ class Engine:
                 queue_depth=len(self.waiting),
             )
             return check_plan(plan, views, self.backend.n_batch, self.config.chunk_size)
-        except Exception as e:
+        except BaseException as e:  # sys.exit() in a strategy must not stop every actor
             error = (
                 e
                 if isinstance(e, StrategyError)

@@ -68,6 +68,10 @@ class BatchPlan:
 
     slots: tuple[SlotPlan, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Any iterable is read once, here: a generator would be used up by its first reader.
+        object.__setattr__(self, "slots", tuple(self.slots))
+
     @property
     def num_decode_tokens(self) -> int:
         """Decode tokens in the plan."""

@@ -4,7 +4,8 @@ Subscribe with ``telemetry.tick.connect(receiver)``. Each receiver is called as
 ``receiver(sender, measurements={...}, metadata={...})`` where ``sender`` is the
 server's ``pykka.ActorRef``. Receivers run **synchronously in the engine thread**:
 a slow receiver slows every request, so hand heavy work to a queue. The engine calls
-each receiver itself: one that raises is logged and skipped, the others still run.
+each receiver itself: one that raises (anything, ``SystemExit`` included) is logged
+and skipped, the others still run.
 blinker holds receivers weakly by default; connect a bound method or a closure with
 ``weak=False`` or keep a reference to it. Payloads are only built when a receiver is
 connected.
@@ -159,5 +160,5 @@ def emit(signal: NamedSignal, sender: Any, measurements: dict[str, Any], metadat
     for receiver in signal.receivers_for(sender):
         try:
             receiver(sender, measurements=measurements, metadata=metadata)
-        except Exception:
+        except BaseException:  # sys.exit() in a receiver too: pykka would stop every actor
             _log.exception("telemetry receiver %r raised on %s; skipped", receiver, signal.name)
