@@ -28,7 +28,7 @@ from actors._llama import DeadEnd, LlamaBackend, _Chain
 from actors._memory import KVMemory
 from actors._messages import STREAMING, ReplyTo, RequestMessage, SamplingParams, _CancelExact
 from actors._output import TextStream
-from actors._prepare import MAX_GRAMMAR_MS_PER_TOKEN, Prepared
+from actors._prepare import MAX_GRAMMAR_MS_PER_TOKEN, Prepared, fit_prompt
 from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
 from actors._slots import Request, Slot
 from strategies import BatchPlan, BatchStrategy, SlotState
@@ -153,7 +153,7 @@ class Engine:
         if max(prompt) >= backend.n_vocab or min(prompt) < 0:
             bad = next(t for t in prompt if not 0 <= t < backend.n_vocab)
             raise InvalidRequest(f"token id {bad} is outside the vocabulary (n_vocab={backend.n_vocab})")
-        prompt = self._fit(prompt, message)
+        prompt = fit_prompt(prompt, message, self.n_ctx_slot)
         bias = dict(message.logit_bias) if message.logit_bias else None
         if bias and max(bias) >= backend.n_vocab:
             raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
@@ -193,22 +193,6 @@ class Engine:
         while index > 0 and self.waiting[index - 1].message.priority > key:
             index -= 1
         self.waiting.insert(index, request)
-
-    def _fit(self, prompt: list[int], message: RequestMessage) -> list[int]:
-        """The prompt if it fits a slot's context, truncated if the request allows it."""
-        limit = self.n_ctx_slot
-        if len(prompt) + 1 <= limit:
-            return prompt
-        if not message.truncate:
-            raise InvalidRequest(
-                f"prompt of {len(prompt)} tokens cannot fit a slot's context of {limit} tokens "
-                f"(n_ctx_per_slot={limit}); pass truncate=True to keep its start and end"
-            )
-        # llama.cpp's rule: keep n_keep tokens, drop whole blocks of half the rest.
-        n_keep = min(message.n_keep, limit // 2)
-        block = max((limit - n_keep) // 2, 1)
-        n_blocks = (len(prompt) - n_keep - block) // block
-        return prompt[:n_keep] + prompt[n_keep + n_blocks * block :]
 
     def _start(self, request: Request, idle: list[Slot]) -> None:
         """Give ``request`` an idle slot, reusing the longest cached prefix."""

@@ -16,7 +16,7 @@ from actors._errors import EngineError, InvalidRequest
 from actors._llama import LlamaBackend
 from actors._messages import Chat, RequestMessage, StreamChat
 
-__all__ = ["MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "prepare"]
+__all__ = ["MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare"]
 
 MAX_GRAMMAR_MS_PER_TOKEN = 50.0
 """The most one token's grammar check may cost, in ms of the engine thread.
@@ -42,8 +42,32 @@ class Prepared:
     grammar: str | None = None
 
 
-def prepare(backend: LlamaBackend, message: RequestMessage) -> Prepared:
+def fit_prompt(prompt: list[int], message: RequestMessage, limit: int) -> list[int]:
+    """The prompt if it fits a slot's context of ``limit`` tokens (with room for one
+    generated token), truncated if the request allows it (any thread).
+
+    Raises:
+        InvalidRequest: it does not fit and ``truncate`` is off.
+    """
+    if len(prompt) + 1 <= limit:
+        return prompt
+    if not message.truncate:
+        raise InvalidRequest(
+            f"prompt of {len(prompt)} tokens cannot fit a slot's context of {limit} tokens "
+            f"(n_ctx_per_slot={limit}); pass truncate=True to keep its start and end"
+        )
+    # llama.cpp's rule: keep n_keep tokens, drop whole blocks of half the rest.
+    n_keep = min(message.n_keep, limit // 2)
+    block = max((limit - n_keep) // 2, 1)
+    n_blocks = (len(prompt) - n_keep - block) // block
+    return prompt[:n_keep] + prompt[n_keep + n_blocks * block :]
+
+
+def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = None) -> Prepared:
     """Tokenize ``message``'s prompt and resolve its grammar (thread-safe: any thread).
+
+    ``limit`` is a slot's context (``n_ctx_per_slot``): a prompt too long for it is
+    refused, or truncated, here rather than in the engine thread.
 
     Raises:
         InvalidRequest: the prompt or grammar cannot be used with this model.
@@ -58,6 +82,8 @@ def prepare(backend: LlamaBackend, message: RequestMessage) -> Prepared:
             prompt = list(message.tokens)
         if not prompt:
             raise InvalidRequest("prompt tokenizes to nothing")
+        if limit is not None:
+            prompt = fit_prompt(prompt, message, limit)
         grammar = message.grammar
         if message.json_schema is not None:
             grammar = backend.json_schema_grammar(dict(message.json_schema))

@@ -79,6 +79,8 @@ class EngineRef(pykka.ActorRef[Any]):
         super().__init__(actor)
         self.backend: LlamaBackend | None = None
         """The loaded model, set by the actor once it is loaded and cleared at stop."""
+        self.n_ctx_slot: int | None = None
+        """A slot's context, set with ``backend``: longer prompts are refused here."""
 
     def tell(self, message: Any) -> None:
         """``ActorRef.tell``; a request is prepared first (caller's thread)."""
@@ -111,7 +113,7 @@ class EngineRef(pykka.ActorRef[Any]):
         backend = self.backend
         if backend is not None:
             try:
-                prepared = prepare(backend, request)
+                prepared = prepare(backend, request, self.n_ctx_slot)
             except EngineError as e:
                 if not told and not isinstance(request, STREAMING):
                     raise  # an asked Generate or pool submit: the caller gets it now

@@ -179,6 +179,7 @@ class ServerActor(pykka.ThreadingActor):
         if self.actor_options.n_batch > backend.n_batch:  # llama.cpp clamps; keep it honest
             _log.warning("n_batch clamped by llama.cpp to %d", backend.n_batch)
         self.actor_engine = Engine(backend, self.actor_config, self.actor_ref)
+        self.actor_ref.n_ctx_slot = self.actor_engine.n_ctx_slot
         self.actor_ref.backend = backend
         _live_servers.add(self)
         if telemetry.model_load.receivers:
@@ -323,7 +324,7 @@ class ServerActor(pykka.ThreadingActor):
         try:
             if item.error is not None:
                 raise item.error
-            prepared = item.prepared if item.prepared is not None else prepare(engine.backend, message)
+            prepared = item.prepared or prepare(engine.backend, message, engine.n_ctx_slot)
             if isinstance(message, STREAMING):
                 engine.admit(prepared, reply_to=message.reply_to)
                 return None

@@ -92,3 +92,12 @@ def test_pool(tmp_path: Path) -> None:
     for system in ("| engine | 1 |", "| pool-local-1 | 1 |", "| pool-ray-1 | 1 |", "| pool-ray-2 | 2 x 1 |"):
         assert system in table
     assert "prefix-cache hit ratio" in table
+
+
+@pytest.mark.timeout(450)
+def test_fairness(tmp_path: Path) -> None:
+    out = run("fairness.py", tmp_path, "--quick")
+    table = (tmp_path / "fairness.md").read_text()
+    for scenario in ("| alone |", "| 1 MB prompt |", "| 20k-value enum |", "| 500-value enum |"):
+        assert scenario in table
+    assert "x alone" in out
