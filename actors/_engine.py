@@ -485,7 +485,7 @@ class Engine:
         sampler = request.sampler
         if not isinstance(sampler, _Chain) or not sampler.has_grammar:
             return False
-        if sampler.filter_ms <= MAX_GRAMMAR_MS_PER_TOKEN:
+        if sampler.grammar_ms <= MAX_GRAMMAR_MS_PER_TOKEN:
             request.grammar_strikes = 0
             return False
         request.grammar_strikes += 1

@@ -171,6 +171,7 @@ class LlamaBackend:
         self.n_decode_calls = 0
         self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
         self._candidates = _candidates(self.n_vocab)
+        self._one = _candidates(1)
         self._init_batch(self.n_batch)
 
     def _special_texts(self) -> dict[str, int]:
@@ -355,7 +356,7 @@ class LlamaBackend:
             return _Greedy(logit_bias)
         chain = _Chain()
         try:
-            if logit_bias or not penalties_off or params.grammar is not None:
+            if logit_bias or not penalties_off:
                 filters = chain.filters = _lc.llama_sampler_chain_init(
                     _lc.llama_sampler_chain_default_params()
                 )
@@ -375,11 +376,11 @@ class LlamaBackend:
                     for token in history[-last_n:] if last_n > 0 else []:
                         _lc.llama_sampler_accept(penalties, token)
                     _lc.llama_sampler_chain_add(filters, penalties)
-                if params.grammar is not None:
-                    _lc.llama_sampler_chain_add(filters, self._grammar_sampler(params.grammar))
-                    chain.has_grammar = True
+            if params.grammar is not None:
+                chain.grammar = self._grammar_sampler(params.grammar)
             select = chain.select = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
             if params.temp == 0:
+                chain.greedy = True
                 _lc.llama_sampler_chain_add(select, _lc.llama_sampler_init_greedy())
             else:
                 seed = _lc.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
@@ -452,32 +453,68 @@ class LlamaBackend:
         logits = self._logits(index)
         if isinstance(sampler, _Greedy):
             return sampler.pick(logits, self.eog_array if ban_eog else None)
-        # llama_sampler_sample's own steps, split in two: the filters (bias, penalties,
-        # grammar) mark what is allowed; then the dead end is caught before the
-        # selection (top-k ... dist) picks, and both accept the token.
-        candidates, array = self._candidates
-        candidates["id"] = self._token_ids
-        candidates["logit"] = logits
-        array.size, array.selected, array.sorted = self.n_vocab, -1, False
+        if sampler.greedy and sampler.grammar is not None:
+            token = self._greedy_if_grammatical(sampler, logits, ban_eog)
+            if token >= 0:
+                return token
+        # llama_sampler_sample's own steps, split: the filters (bias, penalties) and the
+        # grammar mark what is allowed; the dead end is caught before the selection
+        # (greedy, or top-k ... dist) picks; then each accepts the token.
+        candidates, array = self._fill(logits)
         allowed = candidates["logit"]
         if sampler.filters is not None:
-            t0 = time.thread_time()  # CPU time: contention must not count against the grammar
             _lc.llama_sampler_apply(sampler.filters, ctypes.byref(array))
-            sampler.filter_ms = (time.thread_time() - t0) * 1000.0
+        if sampler.grammar is not None:
+            t0 = time.thread_time()  # CPU time: contention must not count against the grammar
+            _lc.llama_sampler_apply(sampler.grammar, ctypes.byref(array))
+            sampler.grammar_ms = (time.thread_time() - t0) * 1000.0
         eog_allowed = False
         if ban_eog:
             eog_allowed = bool((allowed[self.eog_array] > -np.inf).any())
             allowed[self.eog_array] = -np.inf
-        if (sampler.filters is not None or ban_eog) and not (allowed > -np.inf).any():
+        if (sampler.filters is not None or sampler.grammar is not None or ban_eog) and not (
+            allowed > -np.inf
+        ).any():
             raise DeadEnd(eog_allowed)
         _lc.llama_sampler_apply(sampler.select, ctypes.byref(array))
         selected = int(array.selected)
         if not 0 <= selected < int(array.size) or not candidates["logit"][selected] > -np.inf:
             raise DeadEnd(False)
         token = int(candidates["id"][selected])
+        sampler.accept(token)
+        return token
+
+    def _fill(self, logits: npt.NDArray[np.float32]) -> tuple[npt.NDArray[Any], Any]:
+        """The shared candidate array, filled with every token's logit in id order."""
+        candidates, array = self._candidates
+        candidates["id"] = self._token_ids
+        candidates["logit"] = logits
+        array.size, array.selected, array.sorted = self.n_vocab, -1, False
+        return candidates, array
+
+    def _greedy_if_grammatical(self, sampler: _Chain, logits: npt.NDArray[np.float32], ban_eog: bool) -> int:
+        """Greedy with a grammar, llama.cpp's fast way: the argmax of the unconstrained
+        logits, accepted if the grammar allows it (one candidate to check instead of the
+        whole vocabulary); -1 when it does not, and the full path must run. The result
+        is the same token: the argmax of the allowed ones."""
+        candidates, array = self._fill(logits)
         if sampler.filters is not None:
-            _lc.llama_sampler_accept(sampler.filters, token)
-        _lc.llama_sampler_accept(sampler.select, token)
+            _lc.llama_sampler_apply(sampler.filters, ctypes.byref(array))
+        allowed = candidates["logit"]
+        if ban_eog:
+            allowed[self.eog_array] = -np.inf
+        token = int(np.argmax(allowed))
+        if not allowed[token] > -np.inf:
+            return -1
+        one, one_array = self._one
+        one["id"][0], one["logit"][0], one["p"][0] = token, allowed[token], 0.0
+        one_array.size, one_array.selected, one_array.sorted = 1, -1, False
+        t0 = time.thread_time()
+        _lc.llama_sampler_apply(sampler.grammar, ctypes.byref(one_array))
+        sampler.grammar_ms = (time.thread_time() - t0) * 1000.0
+        if not one["logit"][0] > -np.inf:
+            return -1
+        sampler.accept(token)
         return token
 
     def logprobs(self, index: int, k: int) -> tuple[npt.NDArray[np.float64], list[tuple[int, float]]]:
@@ -685,22 +722,33 @@ class _Greedy:
 
 
 class _Chain:
-    """One request's llama.cpp samplers: the filters (logit bias, penalties, grammar),
-    then the selection (greedy, or top-k, top-p, min-p, temperature and dist)."""
+    """One request's llama.cpp samplers: the filters (logit bias, penalties), the
+    grammar, then the selection (greedy, or top-k, top-p, min-p, temperature and dist)."""
 
-    __slots__ = ("filter_ms", "filters", "has_grammar", "select")
+    __slots__ = ("filters", "grammar", "grammar_ms", "greedy", "select")
 
     def __init__(self) -> None:
         self.filters: Any = None
+        self.grammar: Any = None
         self.select: Any = None
-        self.has_grammar = False
-        self.filter_ms = 0.0  # the last application of the filters
+        self.greedy = False
+        self.grammar_ms = 0.0  # CPU time of the grammar's last check
+
+    @property
+    def has_grammar(self) -> bool:
+        return self.grammar is not None
+
+    def accept(self, token: int) -> None:
+        """Every sampler records the chosen token (penalties count it, the grammar moves)."""
+        for sampler in (self.filters, self.grammar, self.select):
+            if sampler:
+                _lc.llama_sampler_accept(sampler, token)
 
     def free(self) -> None:
-        for sampler in (self.filters, self.select):
+        for sampler in (self.filters, self.grammar, self.select):
             if sampler:
                 _lc.llama_sampler_free(sampler)
-        self.filters = self.select = None
+        self.filters = self.grammar = self.select = None
 
 
 _CANDIDATE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])

@@ -45,6 +45,7 @@ __all__ = [
 
 _SEED_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs=k`` may ask for per token."""
 MAX_STOP_STRINGS = 32
@@ -98,7 +99,12 @@ def _is_number(value: object) -> bool:
 
 def _show(value: object) -> str:
     """A short repr of a caller's value for an error message (it may be huge)."""
-    text = repr(value)
+    if isinstance(value, int) and value.bit_length() > 128:  # repr() fails past 4300 digits
+        return f"an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # a caller's __repr__ that raises
+        return f"a {type(value).__name__}"
     return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
 
 
@@ -154,22 +160,23 @@ def _checked_sampling(name: str, value: Any) -> Any:
     else:
         value = _checked_float(name, value)
     if name == "temp":
-        _require(value >= 0, f"temp must be >= 0 (0 is greedy), got {value}")
+        _require(value >= 0, f"temp must be >= 0 (0 is greedy), got {_show(value)}")
     elif name == "top_k":
         _require(
-            0 <= value <= _INT32_MAX, f"top_k must be within [0, 2**31 - 1] (0 disables it), got {value}"
+            0 <= value <= _INT32_MAX,
+            f"top_k must be within [0, 2**31 - 1] (0 disables it), got {_show(value)}",
         )
     elif name in ("top_p", "min_p"):
-        _require(0.0 <= value <= 1.0, f"{name} must be within [0, 1], got {value}")
+        _require(0.0 <= value <= 1.0, f"{name} must be within [0, 1], got {_show(value)}")
     elif name == "seed":
-        _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 1], got {value}")
+        _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 1], got {_show(value)}")
     elif name == "penalty_last_n":
         _require(
             -1 <= value <= _INT32_MAX,
-            f"penalty_last_n must be within [-1, 2**31 - 1] (-1 is the whole context), got {value}",
+            f"penalty_last_n must be within [-1, 2**31 - 1] (-1 is the whole context), got {_show(value)}",
         )
     elif name == "penalty_repeat":
-        _require(value > 0, f"penalty_repeat must be > 0 (1.0 is off), got {value}")
+        _require(value > 0, f"penalty_repeat must be > 0 (1.0 is off), got {_show(value)}")
     return value
 
 
@@ -297,6 +304,9 @@ class _RequestMessage:
             self._set("deadline_s", deadline_s)
         _require(_is_int(self.priority), f"priority must be an int, got {_show(self.priority)}")
         _require(_is_int(self.n_keep) and self.n_keep >= 0, "n_keep must be an int >= 0")
+        for name in ("max_tokens", "min_tokens", "n_keep", "priority"):
+            value = getattr(self, name)
+            _require(-_INT64_MAX <= value <= _INT64_MAX, f"{name} must fit 64 bits, got {_show(value)}")
         if self.logprobs is not None:
             _require(
                 _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,

@@ -284,7 +284,10 @@ class ServerActor(pykka.ThreadingActor):
     def _dispatch(self, message: Any) -> Any:
         engine = self.actor_engine
         if engine is None:
-            raise EngineStopped("the engine is not running")
+            error = EngineStopped("the engine is not running")
+            if isinstance(message, _Admit):  # a request still gets its one outcome
+                return self._refuse(message, error)
+            raise error
         if message is TICK:
             self._tick_scheduled = False
             engine.step()
