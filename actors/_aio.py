@@ -4,19 +4,24 @@ They run on the caller's event loop and never block it: every request goes to th
 engine as a stream whose ``reply_to`` hands each event to the loop with
 ``loop.call_soon_threadsafe`` (awaiting a pykka future would block the loop; a thread
 per token would be slow). Cancelling the awaiting task cancels the request and frees
-its slot.
+its slot, with a ``_CancelExact`` naming the task's own message (as the blocking
+helpers do).
+
+``timeout`` bounds the whole await of ``agenerate``/``achat`` (a Supervisor's restart
+under way too), and each next piece of ``astream``/``astream_chat``. A restart is waited
+for by polling, never by blocking the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pykka
 
 from actors._errors import EngineStopped, RequestTimeout
-from actors._helpers import _target, _tell_cancel
+from actors._helpers import _RESTART_WAIT_S, _Restarting, _tell_cancel
 from actors._messages import Stream, StreamChat, StreamTokens
 from actors._results import Completion, Done, Failed, Token
 
@@ -30,6 +35,7 @@ __all__ = ["achat", "agenerate", "astream", "astream_chat"]
 # examples/concurrent.py is) would shadow.
 
 _LIVENESS_POLL_S = 0.25
+_RESTART_POLL_S = 0.05
 Event = Token | Done | Failed
 
 
@@ -47,8 +53,32 @@ class _LoopQueue:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
-async def _events(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[Event]:
-    target: pykka.ActorRef[Any] = _target(ref)
+async def _target(ref: Any, deadline: float | None) -> Any:
+    """As ``_helpers._target``, polling a Supervisor's restart on the loop (loop thread)."""
+    if not isinstance(ref, _Restarting):
+        return ref
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    limit = loop.time() + _RESTART_WAIT_S if deadline is None else deadline
+    while True:
+        try:
+            return ref.ref(0)  # never waits; EngineStopped when no actor will come
+        except RequestTimeout:
+            if loop.time() >= limit:
+                if deadline is None:
+                    raise EngineStopped(f"the engine did not come back within {_RESTART_WAIT_S} s") from None
+                raise
+        await asyncio.sleep(_RESTART_POLL_S)
+
+
+async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> AsyncGenerator[Event, None]:
+    """The request's events; ``timeout`` bounds them all, or each one with ``each`` (loop thread)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    target = await _target(ref, deadline)
     channel = _LoopQueue()
     message = make(channel)
     try:
@@ -58,22 +88,25 @@ async def _events(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[E
     finished = False
     try:
         while True:
-            event = await _next(target, channel.queue, timeout)
+            event = await _next(target, channel.queue, deadline, timeout)
             if isinstance(event, Done | Failed):
                 finished = True
             yield event
             if finished:
                 return
+            if each and timeout is not None:
+                deadline = loop.time() + timeout  # the consumer's own time does not count
     finally:
         if not finished:  # the task was cancelled, timed out or stopped iterating
-            _tell_cancel(target, message.request_id)
+            _tell_cancel(target, message)
 
 
-async def _next(target: pykka.ActorRef[Any], queue: asyncio.Queue[Event], timeout: float | None) -> Event:
+async def _next(
+    target: Any, queue: asyncio.Queue[Event], deadline: float | None, timeout: float | None
+) -> Event:
     import asyncio
 
     loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
     while True:
         wait = (
             _LIVENESS_POLL_S if deadline is None else max(min(_LIVENESS_POLL_S, deadline - loop.time()), 0.0)
@@ -93,21 +126,25 @@ def _stream_message(prompt: str | Sequence[int], options: dict[str, Any]) -> Any
 
 
 async def _complete(ref: Any, make: Any, timeout: float | None) -> Completion:
-    async for event in _events(ref, make, timeout):
-        if isinstance(event, Done):
-            return event.completion
-        if isinstance(event, Failed):
-            raise event.error
+    # aclosing: a task cancelled here cancels the request now, not when the loop
+    # finalizes the abandoned generator.
+    async with contextlib.aclosing(_events(ref, make, timeout, each=False)) as events:
+        async for event in events:
+            if isinstance(event, Done):
+                return event.completion
+            if isinstance(event, Failed):
+                raise event.error
     raise EngineStopped("the stream ended without a result")  # unreachable: _events ends on Done/Failed
 
 
 async def _texts(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[str]:
-    async for event in _events(ref, make, timeout):
-        if isinstance(event, Token):
-            if event.text:
-                yield event.text
-        elif isinstance(event, Failed):
-            raise event.error
+    async with contextlib.aclosing(_events(ref, make, timeout, each=True)) as events:
+        async for event in events:
+            if isinstance(event, Token):
+                if event.text:
+                    yield event.text
+            elif isinstance(event, Failed):
+                raise event.error
 
 
 async def agenerate(
@@ -115,7 +152,8 @@ async def agenerate(
 ) -> Completion:
     """Await the ``Completion`` of ``prompt``; as ``generate`` but on the event loop.
 
-    ``timeout`` bounds the wait for each event from the engine.
+    ``timeout`` bounds the whole await, from the call to its return; when it passes the
+    request is cancelled and ``RequestTimeout`` raised.
     """
     return await _complete(ref, _stream_message(prompt, options), timeout)
 
@@ -125,7 +163,8 @@ def astream(
 ) -> AsyncIterator[str]:
     """Async-iterate the text pieces of a completion; leaving the loop early cancels it.
 
-    Invalid options raise ``InvalidRequest`` at the first iteration.
+    Invalid options raise ``InvalidRequest`` at the first iteration. ``timeout`` bounds
+    the wait for each next piece (the first one's counts a restart under way too).
     """
     return _texts(ref, _stream_message(prompt, options), timeout)
 
@@ -133,7 +172,7 @@ def astream(
 async def achat(
     ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None, **options: Any
 ) -> Completion:
-    """Await the reply to a conversation; as ``chat`` but on the event loop."""
+    """Await the reply to a conversation; as ``chat`` but on the event loop (``timeout`` as ``agenerate``)."""
     return await _complete(ref, lambda channel: StreamChat(messages, reply_to=channel, **options), timeout)
 
 

@@ -3,6 +3,12 @@
 They run in the caller's thread, never in the actor's. Both watch the actor while they
 wait, so a caller never hangs on an engine that died, and both cancel their request
 when they give up (timeout, or a stream consumer that stops early).
+
+A ``timeout`` bounds everything the caller waits for: a Supervisor's restart under
+way, admission (``ask(..., block=False)``, so an engine stuck in a long tick cannot
+hold the caller), then the result. The cancel they send is a ``_CancelExact`` naming
+their own message: a late one (an abandoned stream collected long after) never hits a
+newer request that reuses the id.
 """
 
 from __future__ import annotations
@@ -11,20 +17,21 @@ import contextlib
 import queue
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import pykka
 
 from actors._errors import EngineStopped, RequestTimeout
 from actors._messages import (
-    Cancel,
     Chat,
     Generate,
     GenerateTokens,
+    RequestMessage,
     Stream,
     StreamChat,
     StreamTokens,
     SubmitMessage,
+    _CancelExact,
 )
 from actors._results import Completion, Done, Failed, Token
 
@@ -36,30 +43,58 @@ T = TypeVar("T")
 _LIVENESS_POLL_S = 0.25
 
 
-def _tell_cancel(ref: pykka.ActorRef[Any], request_id: str) -> None:
-    with contextlib.suppress(pykka.ActorDeadError):  # a dead engine has nothing to cancel
-        ref.tell(Cancel(request_id))
+# As Supervisor.actor_ref, for a call without a timeout.
+_RESTART_WAIT_S = 60.0
 
 
-def _target(ref: Any) -> pykka.ActorRef[Any]:
+@runtime_checkable
+class _Restarting(Protocol):
+    """A handle whose actor may be restarting: a ``Supervisor``.
+
+    Methods only: ``isinstance`` on a runtime protocol reads every member, and reading
+    a property such as ``actor_ref`` would wait for the restart.
+    """
+
+    def ref(self, timeout: float | None = ...) -> pykka.ActorRef[Any]: ...
+
+    def current(self) -> pykka.ActorRef[Any] | None: ...
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def _tell_cancel(ref: Any, message: RequestMessage) -> None:
+    """Cancel the request admitted from ``message``, and no other with its id (any thread)."""
+    # A dead engine or a stopped pool has nothing to cancel.
+    with contextlib.suppress(pykka.ActorDeadError, EngineStopped):
+        ref.tell(_CancelExact(message.request_id, message))
+
+
+def _target(ref: Any, deadline: float | None = None) -> Any:
     """The actor a request goes to: a Supervisor's current actor, or the ref itself.
 
     A request is watched on the actor that took it, so a helper never waits on a
     future of an engine that died while a supervisor already started the next one.
+    A restart under way is waited for until ``deadline`` (``RequestTimeout``), or up
+    to the supervisor's own limit without one (``EngineStopped``).
     """
-    actor_ref = getattr(ref, "actor_ref", None)
-    return actor_ref if actor_ref is not None else ref  # type: ignore[no-any-return]
-
-
-def _ask(ref: pykka.ActorRef[Any], message: object) -> Any:
+    if not isinstance(ref, _Restarting):
+        return ref
+    if deadline is not None:
+        return ref.ref(_remaining(deadline))
     try:
-        return ref.ask(message)
-    except pykka.ActorDeadError as e:
-        raise EngineStopped(f"the engine is not running: {e}") from None
+        return ref.ref(_RESTART_WAIT_S)
+    except RequestTimeout as e:
+        raise EngineStopped(str(e)) from None
 
 
 def generate(
-    ref: pykka.ActorRef[Any],
+    ref: Any,
     prompt: str | Sequence[int],
     *,
     timeout: float | None = None,
@@ -68,10 +103,11 @@ def generate(
     """Complete ``prompt`` (text or token ids) and wait for the ``Completion``.
 
     Args:
-        ref: the server.
+        ref: the server: a ServerActor's ref, a ``Supervisor`` or a ``ServerPool``.
         prompt: text, or a list of token ids.
-        timeout: seconds to wait in all; when it passes the request is cancelled and
-            ``RequestTimeout`` raised.
+        timeout: seconds to wait in all, from the call to its return: a restart under
+            way, admission and the completion; when it passes the request is cancelled
+            and ``RequestTimeout`` raised.
         **options: any ``Generate`` option (``max_tokens``, ``temp``, ...).
 
     Raises:
@@ -82,7 +118,7 @@ def generate(
 
 
 def chat(
-    ref: pykka.ActorRef[Any],
+    ref: Any,
     messages: Sequence[Mapping[str, str]],
     *,
     timeout: float | None = None,
@@ -97,31 +133,43 @@ def chat(
 
 
 def _complete(ref: Any, message: SubmitMessage, timeout: float | None) -> Completion:
-    ref = _target(ref)
-    future = _ask(ref, message)
+    deadline = _deadline(timeout)
+    target = _target(ref, deadline)
+    timed_out = f"no completion within {timeout} s; request cancelled"
     try:
+        # Not a blocking ask: an engine busy in a long tick (or stuck) answers the
+        # admission only after it, and the caller's timeout counts that wait too.
+        admitted = target.ask(message, block=False, timeout=_remaining(deadline))
+        future = _wait_for(
+            target, lambda wait: admitted.get(timeout=wait), pykka.Timeout, deadline, timed_out
+        )  # fmt: skip
         completion: Completion = _wait_for(
-            ref, lambda wait: future.get(timeout=wait), pykka.Timeout, timeout,
-            f"no completion within {timeout} s; request cancelled",
+            target, lambda wait: future.get(timeout=wait), pykka.Timeout, deadline, timed_out
         )  # fmt: skip
     except RequestTimeout:
-        _tell_cancel(ref, message.request_id)
+        _tell_cancel(target, message)  # it may have been admitted meanwhile
         raise
+    except pykka.ActorDeadError as e:
+        raise EngineStopped(f"the engine is not running: {e}") from None
     return completion
 
 
 def _wait_for(
-    ref: pykka.ActorRef[Any],
+    ref: Any,
     get: Callable[[float], T],
     empty: type[Exception],
-    timeout: float | None,
+    deadline: float | None,
     timeout_message: str,
 ) -> T:
     """Call ``get(wait)`` until it returns, watching the actor and the deadline.
 
-    ``get`` raises ``empty`` when nothing arrived within ``wait`` seconds.
+    ``get`` raises ``empty`` when nothing arrived within ``wait`` seconds. Runs in the
+    caller's thread.
+
+    Raises:
+        RequestTimeout: ``deadline`` (a ``time.monotonic()`` value) passed.
+        EngineStopped: the actor stopped while nothing had arrived.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         wait = _LIVENESS_POLL_S
         if deadline is not None:
@@ -137,7 +185,7 @@ def _wait_for(
 
 
 def stream(
-    ref: pykka.ActorRef[Any],
+    ref: Any,
     prompt: str | Sequence[int],
     *,
     timeout: float | None = None,
@@ -149,10 +197,11 @@ def stream(
     the request.
 
     Args:
-        ref: the server.
+        ref: the server: a ServerActor's ref, a ``Supervisor`` or a ``ServerPool``.
         prompt: text, or a list of token ids.
-        timeout: the most seconds to wait for each next piece; when it passes the
-            request is cancelled and ``RequestTimeout`` raised.
+        timeout: the most seconds to wait for each next piece (the first one's wait
+            counts a restart under way too); when it passes the request is cancelled
+            and ``RequestTimeout`` raised.
         **options: any ``Stream`` option (``max_tokens``, ``temp``, ...).
     """
     events: queue.Queue[Token | Done | Failed] = queue.Queue()
@@ -164,7 +213,7 @@ def stream(
 
 
 def stream_chat(
-    ref: pykka.ActorRef[Any],
+    ref: Any,
     messages: Sequence[Mapping[str, str]],
     *,
     timeout: float | None = None,
@@ -177,26 +226,28 @@ def stream_chat(
 
 
 def _stream_events(
-    ref: pykka.ActorRef[Any],
+    ref: Any,
     message: Stream | StreamTokens | StreamChat,
     events: queue.Queue[Token | Done | Failed],
     timeout: float | None,
 ) -> Iterator[str]:
-    ref = _target(ref)
+    deadline = _deadline(timeout)  # the first piece's wait counts a restart under way
+    target = _target(ref, deadline)
     try:
-        ref.tell(message)
+        target.tell(message)
     except pykka.ActorDeadError as e:
         raise EngineStopped(f"the engine is not running: {e}") from None
     finished = False
     try:
         while True:
             event = _wait_for(
-                ref, lambda wait: events.get(timeout=wait), queue.Empty, timeout,
+                target, lambda wait: events.get(timeout=wait), queue.Empty, deadline,
                 f"no token within {timeout} s; request cancelled",
             )  # fmt: skip
             if isinstance(event, Token):
                 if event.text:
                     yield event.text
+                    deadline = _deadline(timeout)  # the consumer's own time does not count
             elif isinstance(event, Done):
                 finished = True
                 return
@@ -205,4 +256,4 @@ def _stream_events(
                 raise event.error
     finally:
         if not finished:
-            _tell_cancel(ref, message.request_id)
+            _tell_cancel(target, message)

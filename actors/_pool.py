@@ -17,6 +17,12 @@ Backends:
 Every method runs in the caller's thread. Requests end in replica threads (the engine
 thread, or a Ray replica's outbox reader), which tell the router through ``Tracked``/``Relay``
 (:mod:`actors._replica`).
+
+A stream reaches its replica as a copy of the caller's message (its ``reply_to`` a
+``Relay``), so the pool remembers, per request in flight, the caller's message and the
+one it sent: a ``_CancelExact`` naming the caller's message becomes one naming the
+message the replica admitted, and a late one for an older request that reused the id
+cancels nothing.
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pykka
 
-from actors._errors import ConfigError, EngineError, EngineStopped, QueueFull
+from actors._errors import ConfigError, EngineStopped, QueueFull, RequestTimeout
 from actors._messages import (
     STREAMING,
     Cancel,
@@ -37,8 +44,10 @@ from actors._messages import (
     GetInfo,
     GetStats,
     GetTokenizer,
+    RequestMessage,
     StreamMessage,
     SubmitMessage,
+    _CancelExact,
 )
 from actors._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
 from actors._router import Router
@@ -51,6 +60,14 @@ _log = logging.getLogger("llama_cpp_actors.pool")
 _PER_REPLICA = frozenset({"n_batch", "n_ctx_per_slot"})
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class _Sent:
+    """A request in flight: the caller's message, and the one a replica admits."""
+
+    message: RequestMessage
+    sent: RequestMessage
+
+
 class ServerPool:
     """N engines with the same options behind one handle. Start it with :meth:`start`."""
 
@@ -58,6 +75,8 @@ class ServerPool:
         self._replicas = {r.name: r for r in replicas}
         self.router = router
         self._stopped = False
+        self._lock = threading.Lock()
+        self._sent: dict[str, _Sent] = {}  # by request_id, while in flight
 
     @classmethod
     def start(
@@ -154,11 +173,13 @@ class ServerPool:
         ``GetTokenizer`` are answered by a replica that is up.
 
         With ``block=False`` the answer comes wrapped in a resolved future, as pykka does.
+        ``timeout`` bounds the wait in either case: a request's admission (then
+        ``RequestTimeout``, the request cancelled), or the question's answer.
         """
         self._check_running()
         if isinstance(message, SubmitMessage):
-            answer: Any = self._submit(message)
-        elif isinstance(message, (*STREAMING, Cancel)):
+            answer: Any = self._submit(message, timeout)
+        elif isinstance(message, (*STREAMING, Cancel, _CancelExact)):
             self.tell(message)
             answer = None
         elif isinstance(message, GetStats):
@@ -176,7 +197,8 @@ class ServerPool:
         return future
 
     def tell(self, message: Any) -> None:
-        """As ``ActorRef.tell``: streams are routed, ``Cancel`` reaches the request's replica."""
+        """As ``ActorRef.tell``: streams are routed, ``Cancel`` reaches the request's replica,
+        ``_CancelExact`` too if it names the message the request in flight came from."""
         self._check_running()
         if isinstance(message, STREAMING):
             self._send(message)
@@ -184,8 +206,10 @@ class ServerPool:
             name = self.router.replica_of(message.request_id)
             if name is not None:
                 self._replicas[name].cancel(message.request_id)
+        elif isinstance(message, _CancelExact):
+            self._cancel_exact(message)
         elif isinstance(message, SubmitMessage):
-            self._submit(message)
+            self._submit(message, None)
         else:
             raise TypeError(f"a ServerPool cannot be told {message!r}")
 
@@ -247,29 +271,73 @@ class ServerPool:
 
         return reroute
 
-    def _submit(self, message: SubmitMessage) -> Tracked:
-        request_id = message.request_id
-        future = Tracked(lambda: self.router.finished(request_id))
+    def _submit(self, message: SubmitMessage, timeout: float | None) -> Tracked:
+        """Admit a Generate on a replica within ``timeout`` (caller's thread).
+
+        Raises:
+            RequestTimeout: no replica answered the admission in time; cancelled there.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sent = _Sent(message, message)  # a replica admits the caller's own message
+        future = Tracked(self._settled(sent))
         tried: set[str] = set()
 
         def admit(replica: Replica) -> None:
-            replica.submit(message, future)
+            replica.submit(message, future, None if deadline is None else max(deadline - time.monotonic(), 0))
 
         future.on_full = self._reroute(message, admit, tried)
-        self._route(message, admit, tried)
+        self._track(sent, admit, tried)
         return future
 
     def _send(self, message: StreamMessage) -> None:
-        request_id = message.request_id
-        relay = Relay(message.reply_to, lambda: self.router.finished(request_id))
-        relayed = dataclasses.replace(message, reply_to=relay)
+        sent = _Sent(message, message)
+        relay = Relay(message.reply_to, self._settled(sent))
+        relayed = sent.sent = dataclasses.replace(message, reply_to=relay)
         tried: set[str] = set()
 
         def admit(replica: Replica) -> None:
             replica.send(relayed)
 
         relay.on_full = self._reroute(message, admit, tried)
-        self._route(message, admit, tried)
+        self._track(sent, admit, tried)
+
+    # -- what was sent, for exact cancels ---------------------------------------------
+
+    def _track(self, sent: _Sent, admit: Callable[[Replica], None], tried: set[str]) -> None:
+        """Remember what is sent, then route it (caller's thread)."""
+        request_id = sent.message.request_id
+        with self._lock:
+            # A request id already in flight is refused by the router: keep the first's.
+            self._sent.setdefault(request_id, sent)
+        try:
+            self._route(sent.message, admit, tried)
+        except BaseException:
+            self._forget(sent)
+            raise
+
+    def _settled(self, sent: _Sent) -> Callable[[], None]:
+        """What a request's end does to the pool (the thread that ends the request)."""
+
+        def settled() -> None:
+            self.router.finished(sent.message.request_id)
+            self._forget(sent)
+
+        return settled
+
+    def _forget(self, sent: _Sent) -> None:
+        with self._lock:
+            if self._sent.get(sent.message.request_id) is sent:
+                del self._sent[sent.message.request_id]
+
+    def _cancel_exact(self, cancel: _CancelExact) -> None:
+        """Cancel the request in flight with that id only if it came from ``cancel.message``."""
+        with self._lock:
+            sent = self._sent.get(cancel.request_id)
+        if sent is None or (cancel.message is not sent.message and cancel.message is not sent.sent):
+            return  # a late cancel: the id's request ended, or a newer one reuses it
+        name = self.router.replica_of(cancel.request_id)
+        if name is not None:
+            self._replicas[name].cancel(cancel.request_id, sent.sent)
 
     # -- questions to the replicas ---------------------------------------------------
 
@@ -300,23 +368,37 @@ class ServerPool:
         return totals
 
     def _drain(self, message: Drain, timeout: float | None) -> int:
-        results: list[int] = []
+        """Drain every replica at once, then stop the pool (caller's thread).
+
+        A replica that is down, or dies while draining, has nothing left to count (its
+        requests got ``EngineStopped`` when it died). One whose drain outlives
+        ``timeout`` is stopped with the pool: its requests in flight count as unfinished.
+        """
+        results: dict[str, int] = {}
+        late: list[str] = []
         errors: list[BaseException] = []
 
         def drain(replica: Replica) -> None:
             try:
-                results.append(int(replica.call(message, timeout)))
-            except ReplicaDown:
-                pass
-            except EngineError as e:
+                results[replica.name] = int(replica.call(message, timeout))
+            except (ReplicaDown, EngineStopped) as e:
+                if not isinstance(e, ReplicaDown):
+                    _log.warning("%s stopped while draining: %s", replica.name, e)
+            except RequestTimeout:
+                late.append(replica.name)
+            except Exception as e:
                 errors.append(e)
 
-        threads = [threading.Thread(target=drain, args=(r,)) for r in self._replicas.values()]
+        threads = [
+            threading.Thread(target=drain, args=(r,), name=f"{r.name}-drain", daemon=True)
+            for r in self._replicas.values()
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        loads = self.router.loads()
         self.stop()
         if errors:
             raise errors[0]
-        return sum(results)
+        return sum(results.values()) + sum(loads.get(name, 0) for name in late)

@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 import telemetry
-from actors._errors import EngineError, EngineStopped, QueueFull
+from actors._errors import EngineError, EngineStopped, QueueFull, RequestTimeout
 from actors._messages import Cancel, Drain, GetInfo, GetTokenizer, StreamMessage, SubmitMessage
 from actors._replica import Relay, ReplicaDown, Tracked
 from actors._results import Done, Failed, Token
@@ -165,8 +165,9 @@ class ReplicaActor:
         self.ref.tell(Cancel(request_id))
 
     def call(self, message: Any) -> Any:
-        answer = self.ref.ask(message)
-        return answer.get() if isinstance(message, Drain) else answer
+        if isinstance(message, Drain):  # watches the engine: one that dies while draining ends it
+            return self.ref.drain(message)
+        return self.ref.ask(message)
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         return self._tokenizer().tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -273,7 +274,9 @@ class RayReplica:
             return EngineStopped(f"replica {self.name!r} died: {type(error).__name__}: {error}")
         return EngineStopped(f"replica {self.name!r} failed: {error!r}")
 
-    def submit(self, message: SubmitMessage, future: Tracked) -> None:
+    def submit(self, message: SubmitMessage, future: Tracked, timeout: float | None) -> None:
+        # Admission is a Ray call answered later (``settle``): nothing here waits, and the
+        # caller's wait on ``future`` is bounded by the caller.
         if not self.up():
             raise ReplicaDown(self.name)
         result: concurrent.futures.Future[Any] = self.actor.submit.remote(message).future()
@@ -309,7 +312,9 @@ class RayReplica:
 
         admitted.future().add_done_callback(check)
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: str, message: object | None = None) -> None:
+        # The replica admits a copy of the message, never the same object: the pool
+        # checked ``message`` against what it tracks, and a plain Cancel goes.
         if self.up():
             self.actor.cancel.remote(request_id)
 
@@ -324,6 +329,8 @@ class RayReplica:
             raise ReplicaDown(self.name) from None
         except RayTaskError as e:
             raise self._engine_error(e) from None
+        except GetTimeoutError:
+            raise RequestTimeout(f"replica {self.name!r} did not answer within {timeout} s") from None
 
     def stop(self) -> None:
         """Kill the replica for good and wait for this handle's threads: a Ray call made

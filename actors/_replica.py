@@ -15,13 +15,14 @@ from typing import Any, Protocol
 
 import pykka
 
-from actors._errors import QueueFull
+from actors._errors import QueueFull, RequestTimeout
 from actors._messages import (
     Cancel,
     Drain,
     ReplyTo,
     StreamMessage,
     SubmitMessage,
+    _CancelExact,
     _Submit,
     put_nowait,
 )
@@ -45,17 +46,27 @@ class Replica(Protocol):
     def up(self) -> bool:
         """True when it can take requests now (never waits)."""
 
-    def submit(self, message: SubmitMessage, future: Tracked) -> None:
-        """Admit ``message``; ``future`` gets its Completion or error. ReplicaDown if down."""
+    def submit(self, message: SubmitMessage, future: Tracked, timeout: float | None) -> None:
+        """Admit ``message``; ``future`` gets its Completion or error. ReplicaDown if down.
+
+        Waits at most ``timeout`` for the admission; then cancels it and raises
+        ``RequestTimeout``.
+        """
 
     def send(self, message: StreamMessage) -> None:
         """Admit a stream whose ``reply_to`` is a ``Relay``. ReplicaDown if down."""
 
-    def cancel(self, request_id: str) -> None:
-        """Cancel a request it runs; never raises."""
+    def cancel(self, request_id: str, message: object | None = None) -> None:
+        """Cancel a request it runs (only the one admitted from ``message``, if given); never raises."""
 
     def call(self, message: Any, timeout: float | None) -> Any:
-        """GetStats, GetInfo, GetTokenizer or Drain, answered (waits). ReplicaDown if down."""
+        """GetStats, GetInfo, GetTokenizer or Drain, answered (waits at most ``timeout``).
+
+        Raises:
+            ReplicaDown: it is down.
+            EngineStopped: it stopped while draining, without answering the drain.
+            RequestTimeout: a Drain did not end within ``timeout``.
+        """
 
     def stop(self) -> None:
         """Stop for good; requests in flight fail with EngineStopped."""
@@ -129,11 +140,19 @@ class LocalReplica:
     def up(self) -> bool:
         return self.supervisor.current() is not None
 
-    def submit(self, message: SubmitMessage, future: Tracked) -> None:
+    def submit(self, message: SubmitMessage, future: Tracked, timeout: float | None) -> None:
+        ref = self._ref()
+        # Not a blocking ask: an engine in a long (or stuck) tick answers only after it.
+        admitted = ref.ask(_Submit(message, future), block=False)
         try:
-            self._ref().ask(_Submit(message, future))
+            admitted.get(timeout=timeout)
         except pykka.ActorDeadError:
             raise ReplicaDown(self.name) from None
+        except pykka.Timeout:
+            # It may be admitted later: this cancel follows it in the same inbox.
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_CancelExact(message.request_id, message))
+            raise RequestTimeout(f"{self.name} did not admit the request within {timeout} s") from None
 
     def send(self, message: StreamMessage) -> None:
         try:
@@ -141,18 +160,22 @@ class LocalReplica:
         except pykka.ActorDeadError:
             raise ReplicaDown(self.name) from None
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: str, message: object | None = None) -> None:
         ref = self.supervisor.current()
         if ref is not None:
             with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(Cancel(request_id))
+                ref.tell(Cancel(request_id) if message is None else _CancelExact(request_id, message))
 
     def call(self, message: Any, timeout: float | None) -> Any:
+        if isinstance(message, Drain):
+            if not self.up():
+                raise ReplicaDown(self.name)
+            # Watches the actor: one stopped or crashed while draining ends the wait.
+            return self.supervisor.drain(message, timeout)
         try:
-            answer = self._ref().ask(message, timeout=timeout)
+            return self._ref().ask(message, timeout=timeout)
         except pykka.ActorDeadError:
             raise ReplicaDown(self.name) from None
-        return answer.get(timeout=timeout) if isinstance(message, Drain) else answer
 
     def stop(self) -> None:
         self.supervisor.stop()
