@@ -148,6 +148,8 @@ class ServerActor(pykka.ThreadingActor):
         self._who = "the engine" if name is None else f"the engine {name!r}"  # in error messages
         self._tick_scheduled = False
         self._drain: tuple[pykka.ThreadingFuture[int], float | None] | None = None
+        self._drain_future: pykka.ThreadingFuture[int] | None = None  # every Drain gets this one
+        self._crash_recorded = False
 
     # -- lifecycle (actor thread) --------------------------------------------------
 
@@ -202,7 +204,8 @@ class ServerActor(pykka.ThreadingActor):
         traceback: TracebackType | None,
     ) -> None:
         """Fail what is pending after a crash, so no caller waits (actor thread)."""
-        _crashes[self.actor_urn] = repr(exception_value)
+        if not self._crash_recorded:  # else a Supervisor may have read (and dropped) it already
+            _crashes[self.actor_urn] = repr(exception_value)
         self._shutdown(EngineStopped(f"{self._who} crashed: {exception_value!r}"))
 
     def _shutdown(self, error: EngineError) -> None:
@@ -270,6 +273,9 @@ class ServerActor(pykka.ThreadingActor):
             return self._dispatch(message)
         except BaseException as e:
             if message is TICK:
+                # Recorded before pykka sets actor_stopped: a Supervisor reads it then.
+                _crashes[self.actor_urn] = repr(e)
+                self._crash_recorded = True
                 if isinstance(e, Exception):
                     raise  # the engine's state may be broken: crash, a Supervisor restarts
                 raise _TickCrashed(f"a tick raised {e!r}") from e
@@ -356,13 +362,14 @@ class ServerActor(pykka.ThreadingActor):
             raise error
 
     def _start_drain(self, engine: Engine, message: Drain) -> pykka.ThreadingFuture[int]:
-        if self._drain is None:
+        if self._drain_future is None:
             deadline = None if message.timeout is None else time.monotonic() + message.timeout
-            self._drain = (pykka.ThreadingFuture(), deadline)
+            self._drain_future = pykka.ThreadingFuture()
+            self._drain = (self._drain_future, deadline)
             engine.draining = True
             self._check_drain(engine)
             self._schedule()
-        return self._drain[0]
+        return self._drain_future
 
     def _check_drain(self, engine: Engine) -> None:
         """Stop once the work is done, or fail what is left when the drain times out."""
