@@ -35,6 +35,18 @@ def server(start_server: Callable[..., pykka.ActorRef[Any]]) -> pykka.ActorRef[A
     return start_server(n_parallel=4)
 
 
+@pytest.fixture
+def repeatable_server(start_server: Callable[..., pykka.ActorRef[Any]]) -> pykka.ActorRef[Any]:
+    """A 1-slot server that never reuses KV: every request starts from an empty cache.
+
+    The same request is then the same computation (batches, KV cells), so its output
+    repeats bit for bit on any CPU. On a shared server a repeat reuses the cached prompt
+    and runs in other batches, and greedy text may differ at a near-tie (see
+    ``helpers.compare``).
+    """
+    return start_server(n_parallel=1, cache_prompt=False)
+
+
 @pytest.fixture(scope="session")
 def reference_llama(model_path: str) -> Any:
     """One ``llama_cpp.Llama`` with all logits kept, for greedy references and margins."""

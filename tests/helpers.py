@@ -5,15 +5,20 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import telemetry
-from actors import Done, Failed
+from actors import Completion, Done, Failed
 
 # Ban every end-of-generation token of the default model, so a request runs until
 # max_tokens, a cancel or a stop: tests that need a busy slot must not race an EOG.
 NO_EOG = {0: float("-inf"), 2: float("-inf"), 4: float("-inf")}
+
+# Greedy text is only defined away from near-ties: llama.cpp picks its kernels per CPU
+# and per batch shape, so two runs (or two machines) may take either of two tokens
+# whose logits are this close, and then go on differently.
+MARGIN = 0.25
 
 SIGNALS = {
     "tick": telemetry.tick,
@@ -65,3 +70,38 @@ def wait_until(condition: Callable[[], bool], seconds: float = 60) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def compare(expected: Sequence[int], margins: Sequence[float], got: Sequence[int]) -> int:
+    """Assert ``got`` equals ``expected`` up to a divergence at a near-tie; returns how many matched.
+
+    ``margins[i]`` is the top-2 logit margin of the run that produced ``expected`` at step
+    ``i``. A real bug (a wrong position, seq id or logits row) diverges at a confident step.
+    ``got`` may end early (an end-of-generation token won the near-tie), never go on longer.
+    """
+    pairs = enumerate(zip(expected, got, strict=False))
+    diverged = next((i for i, (a, b) in pairs if a != b), None)
+    if diverged is None:
+        assert len(got) <= len(expected), f"{list(expected)} != {list(got)}"
+        if len(got) == len(expected):
+            return len(expected)
+        diverged = len(got)
+    assert margins[diverged] < MARGIN, (
+        f"diverged at step {diverged} where the reference was confident "
+        f"(margin {margins[diverged]:.3f}): {list(expected)} != {list(got)}"
+    )
+    return diverged
+
+
+def margins(completion: Completion) -> list[float]:
+    """The top-2 log-probability gap (the logit margin) of each generated token.
+
+    The request must have asked for ``logprobs`` >= 2.
+    """
+    assert completion.logprobs is not None
+    return [e.top[0].logprob - e.top[1].logprob for e in completion.logprobs]
+
+
+def same_greedy(expected: Completion, got: Sequence[int]) -> int:
+    """:func:`compare` another run's greedy tokens with ``expected`` (which has logprobs >= 2)."""
+    return compare(list(expected.token_ids), margins(expected), got)

@@ -38,7 +38,9 @@ def test_fifty_tasks_on_one_loop_keep_it_responsive(server: pykka.ActorRef[Any])
     assert worst < 0.25  # the engine works in its own thread; the loop only moves events
 
 
-def test_astream_and_chat_variants(server: pykka.ActorRef[Any]) -> None:
+def test_astream_and_chat_variants(repeatable_server: pykka.ActorRef[Any]) -> None:
+    server = repeatable_server  # each text is compared with a run of the same computation
+
     async def main() -> tuple[str, str, Any, str]:
         pieces = [p async for p in astream(server, "Once upon a time", max_tokens=12, temp=0)]
         chat_pieces = [

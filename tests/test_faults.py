@@ -10,7 +10,7 @@ from typing import Any
 
 import pykka
 import pytest
-from helpers import NO_EOG, Recorder
+from helpers import NO_EOG, Recorder, same_greedy
 
 import telemetry
 from actors import (
@@ -59,11 +59,12 @@ def settle(ref: Any) -> dict[str, Any]:
 
 def test_no_kv_space_on_one_decode_is_retried_transparently(server: pykka.ActorRef[Any]) -> None:
     recorder = Recorder()
-    reference = generate(server, "Once upon a time", max_tokens=12, temp=0)
+    options = {"max_tokens": 12, "temp": 0, "logit_bias": NO_EOG}
+    reference = generate(server, "Once upon a time", **options, logprobs=2)
     faults.decode = on_call(3, 1)
-    futures = [server.ask(Generate("Once upon a time", max_tokens=12, temp=0)) for _ in range(2)]
-    for future in futures:
-        assert future.get(timeout=60).token_ids == reference.token_ids
+    futures = [server.ask(Generate("Once upon a time", **options)) for _ in range(2)]
+    for future in futures:  # the retry runs smaller batches: equal up to a near-tie
+        same_greedy(reference, future.get(timeout=60).token_ids)
     assert recorder.of("kv_pressure")
 
 

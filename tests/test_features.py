@@ -14,11 +14,12 @@ import jsonschema
 import numpy as np
 import pykka
 import pytest
-from helpers import NO_EOG, Recorder
-from test_greedy import compare, reference
+from helpers import NO_EOG, Recorder, compare, same_greedy
+from test_greedy import reference
 
 from actors import (
     Chat,
+    Completion,
     Done,
     EngineStopped,
     Generate,
@@ -31,7 +32,6 @@ from actors import (
     chat,
     generate,
     stream,
-    stream_chat,
 )
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
@@ -49,60 +49,124 @@ def stream_events(ref: pykka.ActorRef[Any], message_factory: Callable[[queue.Que
 # -- stop strings --------------------------------------------------------------
 
 
-def test_stop_string_ends_generation_just_before_it(server: pykka.ActorRef[Any]) -> None:
-    full = generate(server, "Once upon a time", max_tokens=30, temp=0).text
-    assert full.startswith(", the city of New Haven")
-    completion = generate(server, "Once upon a time", max_tokens=30, temp=0, stop=["New", "Haven"])
-    assert completion.text == ", the city of "
-    assert completion.stop_reason == "stop" and completion.stop_string == "New"
+# Stop strings are picked from what the model said in the same test (its greedy text
+# differs between CPUs), on a server where the run with stops repeats it exactly.
 
 
-def test_stop_string_spanning_tokens_is_held_back_while_streaming(server: pykka.ActorRef[Any]) -> None:
-    stop = "thriving metro"  # three tokens: " thriving", " metro", "polis"
+def test_stop_string_ends_generation_just_before_it(repeatable_server: pykka.ActorRef[Any]) -> None:
+    ref = repeatable_server
+    full = generate(ref, "Once upon a time", max_tokens=30, temp=0, logit_bias=NO_EOG)
+    text = full.text
+    words = text.split()
+    assert len(words) >= 8, text
+    first = words[3]
+    at = text.find(first)
+    later = next(w for w in words[4:] if text.find(w) >= at + len(first))  # starts after `first` ends
+    completion = generate(
+        ref, "Once upon a time", max_tokens=30, temp=0, logit_bias=NO_EOG, stop=[later, first]
+    )
+    assert completion.text == text[:at]  # the earliest match wins, whatever the list's order
+    assert completion.stop_reason == "stop" and completion.stop_string == first
+    # Generation ended with the token that completed the match: nothing else changed.
+    n = completion.generated_tokens
+    assert completion.token_ids == full.token_ids[:n]
+    tokenizer = ref.ask(GetTokenizer())
+    assert first in tokenizer.detokenize(list(full.token_ids[:n]))
+    assert first not in tokenizer.detokenize(list(full.token_ids[: n - 1]))
+
+
+def held_back(text: str, stops: list[str]) -> str:
+    """The longest end of ``text`` that could still become one of ``stops``."""
+    return next((text[i:] for i in range(len(text)) if any(s.startswith(text[i:]) for s in stops)), "")
+
+
+def test_stop_string_spanning_tokens_is_held_back_while_streaming(
+    repeatable_server: pykka.ActorRef[Any],
+) -> None:
+    ref = repeatable_server
+    full = generate(ref, "Once upon a time", max_tokens=40, temp=0, logit_bias=NO_EOG)
+    tokenizer = ref.ask(GetTokenizer())
+    pieces = [tokenizer.detokenize([t]) for t in full.token_ids]
+
+    def spanning(k: int) -> list[str] | None:
+        """Stops with one from inside token k to inside token k + 2, if this text allows it."""
+        if any("\ufffd" in p for p in pieces[: k + 3]) or min(map(len, pieces[k : k + 3])) < 2:
+            return None
+        head = "".join(pieces[: k + 1])
+        stops = [pieces[k][1:] + pieces[k + 1] + pieces[k + 2][:1], "zzz"]
+        first_match = full.text.find(stops[0]) == len(head) - len(pieces[k]) + 1 and "zzz" not in full.text
+        return stops if first_match and held_back(head, stops) == pieces[k][1:] else None
+
+    k, stops = next((k, stops) for k in range(2, len(pieces) - 2) if (stops := spanning(k)))
     events = stream_events(
-        server, lambda q: Stream("Once upon a time", reply_to=q, max_tokens=40, temp=0, stop=[stop, "zzz"])
+        ref,
+        lambda q: Stream(
+            "Once upon a time", reply_to=q, max_tokens=40, temp=0, logit_bias=NO_EOG, stop=stops
+        ),
     )
     tokens = [e for e in events if isinstance(e, Token)]
     done = events[-1]
-    assert done.completion.stop_string == stop
-    assert done.completion.text == ", the city of New Haven was a "
+    assert done.completion.stop_string == stops[0]
+    assert done.completion.text == "".join(pieces[:k]) + pieces[k][:1]
     assert "".join(t.text for t in tokens) == done.completion.text
-    assert [t.token_id for t in tokens] == list(done.completion.token_ids)
-    assert tokens[-1].text == ""  # the token that completed the match releases nothing
+    assert [t.token_id for t in tokens] == list(done.completion.token_ids) == list(full.token_ids[: k + 3])
+    assert [t.text for t in tokens[-3:]] == [pieces[k][:1], "", ""]  # held back, then the match
 
 
 def test_held_text_is_flushed_on_max_tokens(server: pykka.ActorRef[Any]) -> None:
-    # ", the city" ends in " city"; a stop " city of Paris" holds it back, max_tokens ends it.
-    pieces = list(stream(server, "Once upon a time", max_tokens=3, temp=0, stop=[" city of Paris"]))
-    assert "".join(pieces) == ", the city"
+    # A bias makes the model say " city city city"; a stop " city of Paris" holds each
+    # " city" back until the next one shows it is no match, and max_tokens ends it.
+    (city,) = server.ask(GetTokenizer()).tokenize(" city", add_special=False)
+    options = {"max_tokens": 3, "temp": 0, "logit_bias": {city: 100.0}, "stop": [" city of Paris"]}
+    events = stream_events(server, lambda q: Stream("Once upon a time", reply_to=q, **options))
+    assert [e.text for e in events if isinstance(e, Token)] == ["", " city", " city", " city"]
+    assert events[-1].completion.stop_reason == "max_tokens"
+    assert events[-1].completion.text == " city city city"
+    pieces = list(stream(server, "Once upon a time", **options))
+    assert "".join(pieces) == " city city city"
 
 
 # -- clean UTF-8 ----------------------------------------------------------------
 
 
+# What the model says is pinned by a grammar or a bias, not left to one CPU's greedy
+# text. No token of the vocabulary holds a whole 🍣 or 東: each is split over tokens.
+
+
 @pytest.mark.parametrize(
-    "prompt",
-    ["Here are some emoji: 🍣🍣🍣🍣🍣🍣", "日本語の文章を書いてください。東京は"],
+    ("prompt", "said"),
+    [
+        ("Here are some emoji: 🍣🍣🍣🍣🍣🍣", "🍣🍣🍣"),
+        ("日本語の文章を書いてください。東京は", "東京は日本の首都です。"),
+    ],
     ids=["emoji", "cjk"],
 )
 def test_streamed_pieces_are_whole_characters_and_join_to_the_text(
-    server: pykka.ActorRef[Any], prompt: str
+    server: pykka.ActorRef[Any], prompt: str, said: str
 ) -> None:
-    events = stream_events(server, lambda q: Stream(prompt, reply_to=q, max_tokens=30, temp=0))
+    grammar = f'root ::= "{said}"'
+    events = stream_events(
+        server, lambda q: Stream(prompt, reply_to=q, max_tokens=30, temp=0, grammar=grammar)
+    )
     pieces = [e.text for e in events if isinstance(e, Token)]
     text = events[-1].completion.text
+    assert text == said and events[-1].completion.stop_reason == "eog"
     assert "".join(pieces) == text
     assert "\ufffd" not in text
-    assert any(ord(ch) > 0x2FFF for ch in text)  # it did produce multi-byte characters
-    assert "" in pieces  # ...split over tokens, held until complete
+    assert pieces[0] == ""  # the first token ends inside the first character: held until complete
 
 
 def test_a_character_cut_by_max_tokens_is_flushed_as_replacement(server: pykka.ActorRef[Any]) -> None:
-    prompt = "Here are some emoji: 🍣🍣🍣🍣🍣🍣"
-    events = stream_events(server, lambda q: Stream(prompt, reply_to=q, max_tokens=2, temp=0))
+    tokenizer = server.ask(GetTokenizer())
+    lead = tokenizer.tokenize("🍣", add_special=False)[0]  # the first bytes of 🍣
+    events = stream_events(
+        server,
+        lambda q: Stream("Here are some emoji:", reply_to=q, max_tokens=1, temp=0, logit_bias={lead: 100.0}),
+    )
+    assert events[-1].completion.token_ids == (lead,)
     text = events[-1].completion.text
-    assert text == "\ufffd"  # two of the three bytes of 🍣
-    assert "".join(e.text for e in events if isinstance(e, Token)) == text
+    assert text == "\ufffd"  # the start of 🍣, never completed
+    assert [e.text for e in events if isinstance(e, Token)] == ["", "\ufffd"]  # held, then flushed
 
 
 # -- chat ----------------------------------------------------------------------
@@ -130,28 +194,41 @@ def test_greedy_chat_equals_create_chat_completion(
     )
     prompt = llm.tokenize(formatter(messages=messages).prompt.encode(), add_bos=False, special=True)
     expected, margins = reference(llm, prompt)
+    first_step = log_softmax(llm.scores[len(prompt) - 1])
     llm.reset()
     text = llm.create_chat_completion(messages, max_tokens=len(expected), temperature=0)["choices"][0][
         "message"
     ]["content"]
-    assert text == llm.detokenize(expected).decode()  # our reference is create_chat_completion's path
+    # Our reference is create_chat_completion's path (which drops a cut last character).
+    assert text == llm.detokenize(expected).decode(errors="ignore")
     ref = start_server(n_parallel=2, flash_attn=False, cache_prompt=False)
-    completion = chat(ref, messages, max_tokens=len(expected) or 1, temp=0)
+    completion = chat(ref, messages, max_tokens=len(expected) or 1, temp=0, logprobs=5)
+    # The same prompt: its length, and the same next-token distribution (a different
+    # rendering would move these by far more than float noise).
     assert completion.prompt_tokens == len(prompt)
-    assert compare(expected, margins, completion.token_ids) >= len(expected) // 2
+    assert completion.logprobs
+    for top in completion.logprobs[0].top:
+        assert top.logprob == pytest.approx(first_step[top.token_id], abs=0.05)
+    # Chat replies open with near-ties (top-2 margins under 0.1 in the first steps here),
+    # so another CPU may diverge at once: only where it diverges is checked.
+    compare(expected, margins, completion.token_ids)
 
 
 def test_chat_streams_and_reuses_the_previous_turn(server: pykka.ActorRef[Any]) -> None:
     turn = [{"role": "user", "content": "Tell me about cats."}]
     first = chat(server, turn, max_tokens=40, temp=0)
     turn += [
-        {"role": "assistant", "content": first.text},
+        # Stripped: a reply that opened with a newline would merge with the template's "\n".
+        {"role": "assistant", "content": first.text.lstrip()},
         {"role": "user", "content": "And dogs?"},
     ]
-    pieces = list(stream_chat(server, turn, max_tokens=12, temp=0))
-    second = chat(server, turn, max_tokens=12, temp=0)
-    assert "".join(pieces) == second.text
+    events = stream_events(server, lambda q: StreamChat(turn, reply_to=q, max_tokens=12, temp=0, logprobs=2))
+    second = events[-1].completion
+    assert "".join(e.text for e in events if isinstance(e, Token)) == second.text
     assert second.prefix_cache_tokens >= first.prompt_tokens
+    again = chat(server, turn, max_tokens=12, temp=0)  # reuses the streamed turn, in other batches
+    assert again.prefix_cache_tokens == again.prompt_tokens - 1
+    same_greedy(second, again.token_ids)
 
 
 def test_chat_message_variants(server: pykka.ActorRef[Any]) -> None:
@@ -204,7 +281,9 @@ def test_json_schema_output_parses_and_validates(
     server: pykka.ActorRef[Any], schema: dict[str, Any], temp: float
 ) -> None:
     messages = [{"role": "user", "content": "Answer in JSON: describe something."}]
-    completion = chat(server, messages, max_tokens=120, temp=temp, seed=7, json_schema=schema)
+    # Every token is at least one byte, and none of these grammars allows over 170 bytes:
+    # whatever the model writes, the JSON closes and only the end may follow.
+    completion = chat(server, messages, max_tokens=200, temp=temp, seed=7, json_schema=schema)
     assert completion.stop_reason == "eog", completion
     jsonschema.validate(json.loads(completion.text), schema)
 
@@ -258,7 +337,9 @@ def test_logprobs_are_the_log_softmax_of_the_raw_logits(
         assert top.logprob == pytest.approx(expected[top.token_id], abs=0.05)
 
 
-def test_logprobs_are_taken_before_sampling_transforms(server: pykka.ActorRef[Any]) -> None:
+def test_logprobs_are_taken_before_sampling_transforms(repeatable_server: pykka.ActorRef[Any]) -> None:
+    # Both runs are the same computation: the raw numbers agree to the last bit.
+    server = repeatable_server
     plain = generate(server, "The capital of France is", max_tokens=1, temp=0, logprobs=2)
     assert plain.logprobs is not None
     favourite = plain.logprobs[0].token_id
@@ -329,32 +410,68 @@ def test_a_tokenizer_of_a_stopped_engine_raises(start_server: StartServer) -> No
         tokenizer.tokenize("hello")
 
 
+def assert_same_sample(alone: Completion, beside: Completion) -> None:
+    """Seeded samples of one request in two batches: equal, or first different where the
+    logits differed and the two picks are neighbours in the ranking (both need logprobs=20).
+
+    The same seed draws the same random numbers, so a pick can only move if llama.cpp's
+    floats moved (some CPUs' kernels depend on the batch shape), and a small move shifts
+    one boundary of the cumulative distribution: the pick goes to the next token over.
+    """
+    pairs = enumerate(zip(alone.token_ids, beside.token_ids, strict=False))
+    diverged = next((i for i, (a, b) in pairs if a != b), None)
+    if diverged is None:
+        assert alone.token_ids == beside.token_ids
+        return
+    assert alone.logprobs is not None and beside.logprobs is not None
+    here, there = alone.logprobs[diverged], beside.logprobs[diverged]
+    theirs = {t.token_id: t.logprob for t in there.top}
+    assert any(theirs.get(t.token_id) != t.logprob for t in here.top), (
+        f"step {diverged}: the logits were identical, yet the same seed picked another token"
+    )
+    ranking = [t.token_id for t in here.top]
+    assert here.token_id in ranking and there.token_id in ranking
+    assert abs(ranking.index(here.token_id) - ranking.index(there.token_id)) == 1, (
+        f"step {diverged}: {here.token_id} and {there.token_id} are not neighbours in {ranking}"
+    )
+
+
 def test_a_seed_gives_the_same_text_alone_and_beside_others(start_server: StartServer) -> None:
     ref = start_server(n_parallel=4, cache_prompt=False)
-    options = {"max_tokens": 24, "temp": 0.9, "seed": 4242}
+    options = {"max_tokens": 24, "temp": 0.9, "seed": 4242, "logprobs": 20}
     alone = generate(ref, "My favourite animal is", **options)
     futures = [ref.ask(Generate(f"Noise {i}:", max_tokens=24, temp=0.9)) for i in range(3)]
     beside = ref.ask(Generate("My favourite animal is", **options)).get(timeout=60)
     for future in futures:
         future.get(timeout=60)
-    assert beside.token_ids == alone.token_ids
+    assert_same_sample(alone, beside)
     assert generate(ref, "My favourite animal is", **{**options, "seed": 4243}).token_ids != alone.token_ids
+
+
+# When the model would end is up to the model (and the CPU); a bias on <|im_end|> makes
+# it want to end at every step, so min_tokens and ignore_eos alone decide.
+END_NOW = {2: 100.0}
 
 
 def test_min_tokens_and_ignore_eos(server: pykka.ActorRef[Any]) -> None:
     chat_prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
-    short = generate(server, chat_prompt, max_tokens=150, temp=0)
-    assert short.stop_reason == "eog" and short.generated_tokens < 100
-    n = short.generated_tokens + 10
-    longer = generate(server, chat_prompt, max_tokens=150, temp=0, min_tokens=n)
-    assert longer.generated_tokens >= n
-    endless = generate(server, chat_prompt, max_tokens=60, temp=0, ignore_eos=True)
+    short = generate(server, chat_prompt, max_tokens=150, temp=0, logit_bias=END_NOW)
+    assert short.stop_reason == "eog" and short.generated_tokens == 0
+    for n in (1, 10):
+        longer = generate(server, chat_prompt, max_tokens=150, temp=0, logit_bias=END_NOW, min_tokens=n)
+        assert longer.stop_reason == "eog" and longer.generated_tokens == n
+        assert not {0, 2, 4} & set(longer.token_ids)
+    endless = generate(server, chat_prompt, max_tokens=60, temp=0, logit_bias=END_NOW, ignore_eos=True)
     assert endless.generated_tokens == 60 and endless.stop_reason == "max_tokens"
+    sampled = generate(server, chat_prompt, max_tokens=150, temp=0.8, logit_bias=END_NOW, min_tokens=5)
+    assert sampled.stop_reason == "eog" and sampled.generated_tokens == 5  # the sampler chain too
 
 
 def test_stop_strings_are_ignored_until_min_tokens(server: pykka.ActorRef[Any]) -> None:
-    full = generate(server, "Once upon a time", max_tokens=12, temp=0).text  # ", the city of New Haven..."
-    early = generate(server, "Once upon a time", max_tokens=12, temp=0, stop=[","])
-    assert early.text == "" and early.stop_string == ","
-    late = generate(server, "Once upon a time", max_tokens=12, temp=0, stop=[","], min_tokens=2)
-    assert late.text == full[: len(late.text)] and late.text.startswith(", the")
+    # A bias makes every token a ",": the stop matches the first one unless min_tokens says not yet.
+    (comma,) = server.ask(GetTokenizer()).tokenize(",", add_special=False)
+    options = {"max_tokens": 12, "temp": 0, "logit_bias": {comma: 100.0}, "stop": [","]}
+    early = generate(server, "Once upon a time", **options)
+    assert early.text == "" and early.stop_string == "," and early.generated_tokens == 1
+    late = generate(server, "Once upon a time", **options, min_tokens=2)
+    assert late.text == ",," and late.stop_string == "," and late.generated_tokens == 3

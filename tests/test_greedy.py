@@ -4,8 +4,9 @@ llama.cpp's float results depend a little on batch shape and on which KV cells a
 sequence lands in (we measured top-2 logit gaps up to ~0.12 flipping), so greedy
 equality is only defined away from near-ties: the two token streams must be equal,
 or first differ at a step where the reference's top-2 logit margin is under
-``MARGIN``; and most tokens must match before any such divergence. A real bug (a wrong
-position, seq id or logits row) diverges at a confident step at once.
+``helpers.MARGIN`` (:func:`helpers.compare`); and most tokens must match before any
+such divergence. A real bug (a wrong position, seq id or logits row) diverges at a
+confident step at once.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 import numpy as np
 import pykka
 import pytest
+from helpers import compare
 
 from actors import Generate, generate
 
-MARGIN = 0.25
 N_TOKENS = 32
 PROMPTS = [
     "Once upon a time",
@@ -52,20 +53,6 @@ def reference(llm: Any, prompt: str | list[int]) -> tuple[list[int], list[float]
         top2 = np.sort(llm.scores[len(prompt_tokens) - 1 + i])[-2:]
         margins.append(float(top2[1] - top2[0]))
     return tokens, margins
-
-
-def compare(expected: list[int], margins: list[float], got: tuple[int, ...]) -> int:
-    """Assert equality up to a divergence at a near-tie; returns the tokens that matched."""
-    pairs = enumerate(zip(expected, got, strict=False))
-    diverged = next((i for i, (a, b) in pairs if a != b), None)
-    if diverged is None:
-        assert len(got) == len(expected)
-        return len(expected)
-    assert margins[diverged] < MARGIN, (
-        f"diverged at step {diverged} where the reference was confident "
-        f"(margin {margins[diverged]:.3f}): {expected} != {list(got)}"
-    )
-    return diverged
 
 
 @pytest.fixture(scope="module")

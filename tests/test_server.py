@@ -9,7 +9,7 @@ from typing import Any
 
 import pykka
 import pytest
-from helpers import NO_EOG, SIGNALS, Recorder, drain
+from helpers import NO_EOG, SIGNALS, Recorder, drain, same_greedy
 
 from actors import (
     Cancel,
@@ -20,6 +20,7 @@ from actors import (
     GenerateTokens,
     GetInfo,
     GetStats,
+    GetTokenizer,
     Stream,
     StreamTokens,
     Token,
@@ -41,12 +42,12 @@ def recorder() -> Iterator[Recorder]:
 
 
 def test_generate_returns_a_completion(server: pykka.ActorRef[Any]) -> None:
-    completion = generate(server, "Once upon a time", max_tokens=20, temp=0, timeout=60)
+    completion = generate(server, "Once upon a time", max_tokens=20, temp=0, logit_bias=NO_EOG, timeout=60)
     assert isinstance(completion, Completion)
     assert completion.stop_reason == "max_tokens"
     assert completion.generated_tokens == len(completion.token_ids) == 20
     assert completion.prompt_tokens == 4
-    assert completion.text and completion.text.startswith(",")
+    assert completion.text and completion.text == server.ask(GetTokenizer()).detokenize(completion.token_ids)
     assert 0 < completion.ttft_ms <= completion.duration_ms
 
 
@@ -62,7 +63,11 @@ def test_eight_streams_on_four_slots_batch_their_decodes(
     queues = []
     for i in range(8):
         q: queue.Queue[Any] = queue.Queue()
-        server.tell(Stream(f"Story {i}: once upon a time", reply_to=q, max_tokens=24, temp=0.7, seed=i))
+        server.tell(
+            Stream(
+                f"Story {i}: once upon a time", reply_to=q, max_tokens=24, temp=0.7, seed=i, logit_bias=NO_EOG
+            )
+        )
         queues.append(q)
     for q in queues:
         events = drain(q)
@@ -70,7 +75,9 @@ def test_eight_streams_on_four_slots_batch_their_decodes(
         assert isinstance(done, Done), done
         tokens = [e for e in events if isinstance(e, Token)]
         assert "".join(t.text for t in tokens) == done.completion.text
-        assert [t.token_id for t in tokens] == list(done.completion.token_ids)
+        # One Token per generated token, and one more if a cut last character was flushed.
+        ids = list(done.completion.token_ids)
+        assert [t.token_id for t in tokens][: len(ids)] == ids and len(tokens) - len(ids) in (0, 1)
         assert all(t.request_id == done.request_id for t in tokens)
     decode_batches = [m["decode_tokens"] for m, _ in recorder.of("tick")]
     assert max(decode_batches) == 4
@@ -112,16 +119,20 @@ def test_every_request_has_one_start_and_one_end(server: pykka.ActorRef[Any], re
 
 def test_max_tokens_is_exact_and_eog_is_never_returned(server: pykka.ActorRef[Any]) -> None:
     chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
-    completion = generate(server, chat, max_tokens=200, temp=0)
-    assert completion.stop_reason == "eog"
-    assert not {0, 2, 4} & set(completion.token_ids)
-    assert "<|im_end|>" not in completion.text
+    # Where the model ends is its own (and the CPU's) choice: a bias makes each
+    # end-of-generation token in turn the pick at every step, min_tokens holds it off for 3.
+    for eog in (0, 2, 4):
+        completion = generate(server, chat, max_tokens=200, temp=0, min_tokens=3, logit_bias={eog: 100.0})
+        assert completion.stop_reason == "eog" and completion.generated_tokens == 3
+        assert not {0, 2, 4} & set(completion.token_ids)
+        assert "<|im_end|>" not in completion.text and "<|endoftext|>" not in completion.text
     for n in (1, 2, 7, 40):
         completion = generate(server, chat, max_tokens=n, logit_bias=NO_EOG)
         assert completion.generated_tokens == n and completion.stop_reason == "max_tokens"
 
 
-def test_token_prompts(server: pykka.ActorRef[Any], reference_llama: Any) -> None:
+def test_token_prompts(repeatable_server: pykka.ActorRef[Any], reference_llama: Any) -> None:
+    server = repeatable_server  # the three runs are the same computation: equal to the bit
     prompt = reference_llama.tokenize(b"Once upon a time", add_bos=True, special=True)
     tokens = list(generate(server, "Once upon a time", max_tokens=6, temp=0).token_ids)
     by_tokens = server.ask(GenerateTokens(prompt, max_tokens=6, temp=0)).get(timeout=60)
@@ -134,12 +145,14 @@ def test_token_prompts(server: pykka.ActorRef[Any], reference_llama: Any) -> Non
 def test_prefix_cache_reuses_the_first_turn(server: pykka.ActorRef[Any]) -> None:
     first = "<|im_start|>user\nTell me about cats.<|im_end|>\n<|im_start|>assistant\n"
     one = generate(server, first, max_tokens=30, temp=0)
-    second = first + one.text + "<|im_end|>\n<|im_start|>user\nAnd dogs?<|im_end|>\n<|im_start|>assistant\n"
-    two = generate(server, second, max_tokens=10, temp=0)
+    # Stripped: a reply that opened with a newline would merge with the prompt's last "\n".
+    reply = one.text.lstrip()
+    second = first + reply + "<|im_end|>\n<|im_start|>user\nAnd dogs?<|im_end|>\n<|im_start|>assistant\n"
+    two = generate(server, second, max_tokens=10, temp=0, logit_bias=NO_EOG, logprobs=2)
     assert two.prefix_cache_tokens >= one.prompt_tokens
-    again = generate(server, second, max_tokens=10, temp=0)  # an exact repeat finishes
+    again = generate(server, second, max_tokens=10, temp=0, logit_bias=NO_EOG)  # an exact repeat finishes
     assert again.prefix_cache_tokens == again.prompt_tokens - 1
-    assert again.token_ids == two.token_ids
+    same_greedy(two, again.token_ids)  # in other batches than the first time: equal up to a near-tie
 
 
 def test_cache_prompt_off_reuses_nothing(start_server: StartServer) -> None:
@@ -175,10 +188,10 @@ def test_cancel_a_queued_request(start_server: StartServer, recorder: Recorder) 
 
 
 def test_stream_helper_joins_to_the_completion_and_closing_early_cancels(
-    server: pykka.ActorRef[Any], recorder: Recorder
+    server: pykka.ActorRef[Any], repeatable_server: pykka.ActorRef[Any], recorder: Recorder
 ) -> None:
-    pieces = list(stream(server, "The weather today is", max_tokens=16, temp=0))
-    assert "".join(pieces) == generate(server, "The weather today is", max_tokens=16, temp=0).text
+    pieces = list(stream(repeatable_server, "The weather today is", max_tokens=16, temp=0))
+    assert "".join(pieces) == generate(repeatable_server, "The weather today is", max_tokens=16, temp=0).text
     iterator = stream(server, "An endless list of numbers: 1, 2,", max_tokens=1000, logit_bias=NO_EOG)
     next(iterator)
     iterator.close()
@@ -241,7 +254,8 @@ def test_unknown_message_is_ignored(server: pykka.ActorRef[Any]) -> None:
     assert generate(server, "Still here", max_tokens=2, logit_bias=NO_EOG).generated_tokens == 2
 
 
-def test_seeded_sampling_is_reproducible(server: pykka.ActorRef[Any]) -> None:
+def test_seeded_sampling_is_reproducible(repeatable_server: pykka.ActorRef[Any]) -> None:
+    server = repeatable_server  # the same computation twice (beside others: test_features.py)
     a = generate(server, "My favourite animal is", max_tokens=16, temp=1.0, seed=1234)
     b = generate(server, "My favourite animal is", max_tokens=16, temp=1.0, seed=1234)
     assert a.token_ids == b.token_ids
