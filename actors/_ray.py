@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import queue
@@ -38,6 +39,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 import telemetry
+from actors._delivery import courier
 from actors._errors import EngineError, EngineStopped, QueueFull, RequestTimeout
 from actors._messages import Cancel, Drain, GetInfo, GetTokenizer, StreamMessage, SubmitMessage
 from actors._replica import Relay, ReplicaDown, Tracked
@@ -233,7 +235,7 @@ class RayReplica:
         failure = EngineStopped("the pool was stopped" if stopped else reason)
         for request_id, relay in streams.items():
             with contextlib.suppress(Exception):  # its consumer is gone too
-                relay.put(Failed(request_id, failure))
+                courier.send(relay, Failed(request_id, failure))
         if stopped:
             return
         _log.warning("%s", reason)
@@ -379,12 +381,10 @@ class RayReplica:
                 del self._streams[event.request_id]
         if relay is None:  # abandoned (its consumer failed) or from before a restart
             return
-        try:
-            relay.put(event)
-        except Exception as e:  # the consumer's reply_to refused it: stop the request
-            _log.warning(
-                "stream %s on %s: reply_to.put failed (%r); cancelling", event.request_id, self.name, e
-            )
+        # Through the courier, as the engine delivers: a full queue holds the event (this
+        # thread serves every stream of the replica and must never wait on one consumer).
+        if not courier.send(relay, event, functools.partial(self.cancel, event.request_id)):
+            _log.warning("stream %s on %s: its consumer is gone; cancelling", event.request_id, self.name)
             with self._lock:
                 self._streams.pop(event.request_id, None)
             self.cancel(event.request_id)

@@ -10,6 +10,7 @@ kind lives in :mod:`actors._ray`.
 from __future__ import annotations
 
 import contextlib
+import queue
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -108,17 +109,26 @@ class Relay:
 
     def put(self, event: Token | Done | Failed) -> None:
         full = isinstance(event, Failed) and isinstance(event.error, QueueFull)
-        if full and self.on_full is not None and self.on_full():
-            return
-        # As the engine does: never block on a bounded queue. A refused event ends the
-        # request (the engine, or the Ray relay, cancels it), so it counts as settled.
+        if full and self.on_full is not None:
+            on_full, self.on_full = self.on_full, None  # once: a held Failed comes back here
+            if on_full():
+                return
+        # As the engine does: never block on a bounded queue. queue.Full is "not now":
+        # the sender's courier holds the event and retries, so nothing is settled yet.
+        # Any other refusal ends the request (the engine, or the Ray relay, cancels it).
         try:
             put_nowait(self.reply_to, event)
+        except queue.Full:
+            raise
         except BaseException:
             self._on_settle()
             raise
         if not isinstance(event, Token):
             self._on_settle()
+
+    def on_abandon(self) -> None:
+        """The courier gave up on events nobody read: the request counts as settled."""
+        self._on_settle()
 
 
 class LocalReplica:
