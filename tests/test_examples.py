@@ -28,7 +28,10 @@ def run(script: str, *args: str) -> str:
 def test_generate() -> None:
     out = run("generate.py", "--max-tokens", "12")
     assert out.startswith("Once upon a time")
-    assert re.search(r"\[12 tokens, stop: max_tokens", out)
+    # It samples (temp=0.7, no seed): the model may end before max_tokens.
+    summary = re.search(r"\[(\d+) tokens, stop: (max_tokens|eog), first token after \d+ ms", out)
+    assert summary, out
+    assert int(summary[1]) == 12 if summary[2] == "max_tokens" else int(summary[1]) < 12
 
 
 @pytest.mark.timeout(300)

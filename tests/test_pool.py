@@ -56,9 +56,8 @@ def test_the_pool_answers_what_an_engine_answers(pool: ServerPool) -> None:
     assert pool.replicas == ("replica-0", "replica-1") and pool.up() == pool.replicas
     assert generate(pool, "Hello", max_tokens=3, logit_bias=NO_EOG).generated_tokens == 3
     assert pool.ask(Generate("Hi", max_tokens=2, logit_bias=NO_EOG)).get(timeout=60).generated_tokens == 2
-    assert (
-        pool.ask(GenerateTokens([1, 2, 3], max_tokens=2), block=False).get().get(timeout=60).generated_tokens
-    )
+    by_ids = GenerateTokens([1, 2, 3], max_tokens=2, logit_bias=NO_EOG)
+    assert pool.ask(by_ids, block=False).get().get(timeout=60).generated_tokens == 2
     text = "".join(stream(pool, "Once upon a time", max_tokens=5, logit_bias=NO_EOG))
     assert text
     assert chat(pool, [{"role": "user", "content": "Hi"}], max_tokens=3).text is not None
