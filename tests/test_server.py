@@ -219,7 +219,8 @@ def test_a_stream_whose_consumer_stops_reading_is_cancelled_and_still_gets_its_e
         events.append(full.get(timeout=5))
     assert isinstance(events[-1], Done) and events[-1].completion.stop_reason == "cancelled"
     tokens = [e.token_id for e in events if isinstance(e, Token)]
-    assert tokens == list(events[-1].completion.token_ids)
+    ids = list(events[-1].completion.token_ids)  # and one more Token if a cut character was flushed
+    assert tokens[: len(ids)] == ids and len(tokens) - len(ids) in (0, 1)
     time.sleep(0.1)
     assert full.empty()
 
