@@ -45,6 +45,8 @@ _LEVELS = {
     4: logging.ERROR,
 }
 _GGML_LOG_CONT = 5
+GREEDY_TEMP = 1e-6
+"""Temperatures below this sample greedily (logit / temp would overflow in llama.cpp)."""
 _pending_line = threading.local()
 
 
@@ -352,7 +354,10 @@ class LlamaBackend:
         penalties_off = (
             params.penalty_repeat == 1.0 and not params.penalty_freq and not params.penalty_present
         )
-        if params.temp == 0 and params.grammar is None and penalties_off:
+        # Below GREEDY_TEMP every logit / temp overflows a float in llama.cpp's temperature
+        # sampler, which then picks among infinities: it is greedy in all but name.
+        greedy = params.temp < GREEDY_TEMP
+        if greedy and params.grammar is None and penalties_off:
             return _Greedy(logit_bias)
         chain = _Chain()
         try:
@@ -363,7 +368,10 @@ class LlamaBackend:
                 if logit_bias:
                     _lc.llama_sampler_chain_add(filters, self._logit_bias_sampler(logit_bias))
                 if not penalties_off:
-                    last_n = self.n_ctx if params.penalty_last_n == -1 else params.penalty_last_n
+                    # A window past the context means the context; llama.cpp allocates it.
+                    last_n = (
+                        self.n_ctx if params.penalty_last_n == -1 else min(params.penalty_last_n, self.n_ctx)
+                    )
                     penalties = _lc.llama_sampler_init_penalties(
                         self.n_vocab,
                         last_n,
@@ -379,7 +387,7 @@ class LlamaBackend:
             if params.grammar is not None:
                 chain.grammar = self._grammar_sampler(params.grammar)
             select = chain.select = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
-            if params.temp == 0:
+            if greedy:
                 chain.greedy = True
                 _lc.llama_sampler_chain_add(select, _lc.llama_sampler_init_greedy())
             else:

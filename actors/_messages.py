@@ -43,7 +43,7 @@ __all__ = [
     "StreamTokens",
 ]
 
-_SEED_MAX = 2**32 - 1
+_SEED_MAX = 2**32 - 2  # 2**32 - 1 is LLAMA_DEFAULT_SEED: llama.cpp would draw a random seed
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 MAX_LOGPROBS = 20
@@ -169,7 +169,7 @@ def _checked_sampling(name: str, value: Any) -> Any:
     elif name in ("top_p", "min_p"):
         _require(0.0 <= value <= 1.0, f"{name} must be within [0, 1], got {_show(value)}")
     elif name == "seed":
-        _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 1], got {_show(value)}")
+        _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 2], got {_show(value)}")
     elif name == "penalty_last_n":
         _require(
             -1 <= value <= _INT32_MAX,
