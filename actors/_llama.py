@@ -281,6 +281,10 @@ class LlamaBackend:
             start = i + len(special)
         return pieces
 
+    def is_single_token(self, piece: str) -> bool:
+        """Whether ``piece`` (a grammar's ``<piece>``) is exactly one token (thread-safe)."""
+        return len(self.tokenize(piece, add_special=False, parse_special=True)) == 1
+
     def _tokenize_text(self, text: str) -> list[int]:
         return self.tokenize(text, add_special=False, parse_special=False) if text else []
 

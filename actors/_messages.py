@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from actors._errors import InvalidRequest
+from actors._grammar import MAX_GRAMMAR_BYTES, check_grammar
 
 if TYPE_CHECKING:
     import pykka
@@ -133,6 +134,10 @@ def _checked_text(name: str, value: object, max_length: int) -> str:
     return text
 
 
+def _any_piece(piece: str) -> bool:
+    return True
+
+
 def _checked_float(name: str, value: object) -> float:
     """A finite float; ints are converted (and refused when too large for a float)."""
     _require(_is_number(value), f"{name} must be a finite number, got {_show(value)}")
@@ -154,8 +159,11 @@ def _checked_sampling(name: str, value: Any) -> Any:
         _require(_is_int(value), f"{name} must be an int, got {_show(value)}")
         value = int(value)
     elif name == "grammar":
-        text = _checked_text("grammar", value, 1 << 16)  # TODO(lead): actors._grammar.check_grammar
+        text = _checked_text("grammar", value, MAX_GRAMMAR_BYTES)
         _require(text.strip() != "", "grammar must be a non-empty GBNF string")
+        # Syntax and cost limits here; a <piece> token is checked against the vocabulary
+        # when the request is prepared.
+        check_grammar(text, is_single_token=_any_piece)
         return text
     else:
         value = _checked_float(name, value)

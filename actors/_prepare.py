@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from actors._errors import EngineError, InvalidRequest
+from actors._grammar import check_grammar, grammar_for_schema
 from actors._llama import LlamaBackend
 from actors._messages import Chat, RequestMessage, StreamChat
 
@@ -86,8 +87,9 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
             prompt = fit_prompt(prompt, message, limit)
         grammar = message.grammar
         if message.json_schema is not None:
-            grammar = backend.json_schema_grammar(dict(message.json_schema))
+            grammar = grammar_for_schema(dict(message.json_schema), backend.json_schema_grammar)
         if grammar is not None:
+            check_grammar(grammar, is_single_token=backend.is_single_token)
             bias = dict(message.logit_bias) if message.logit_bias else None
             if bias and max(bias) >= backend.n_vocab:
                 raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")

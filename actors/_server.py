@@ -23,7 +23,8 @@ import pykka
 import telemetry
 from actors._delivery import courier
 from actors._engine import Engine
-from actors._errors import EngineError, EngineStopped, InvalidRequest
+from actors._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
+from actors._grammar import check_grammar
 from actors._llama import LlamaBackend
 from actors._messages import (
     STREAMING,
@@ -173,6 +174,13 @@ class ServerActor(pykka.ThreadingActor):
 
         try:
             backend = LlamaBackend(self.actor_options, on_progress=progress)
+            default_grammar = self.actor_config.defaults.grammar
+            if default_grammar is not None:  # its <piece> tokens need the vocabulary
+                try:
+                    check_grammar(default_grammar, is_single_token=backend.is_single_token)
+                except InvalidRequest as e:
+                    backend.close()
+                    raise ConfigError(f"the default grammar does not fit this model: {e}") from None
         except Exception as e:
             _crashes[self.actor_urn] = f"loading failed: {e!r}"
             # pykka drops the tells left in the inbox when on_start fails: answer them.

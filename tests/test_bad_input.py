@@ -64,7 +64,7 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
         "grammar that does not parse",
         lambda: Generate("hi", grammar="root ::= ("),
         InvalidRequest,
-        "admission",
+        "caller",
     ),
     ("logprobs 100", lambda: Generate("hi", logprobs=100), InvalidRequest, "caller"),
     ("unknown role", lambda: Chat([{"role": "robot", "content": "hi"}]), InvalidRequest, "caller"),
