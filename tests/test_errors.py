@@ -99,7 +99,7 @@ def test_default_model_path_honours_llama_model(monkeypatch: pytest.MonkeyPatch,
         (GenerateTokens([10**7]), "outside the vocabulary"),
         (Generate("word " * 3000), "cannot fit a slot.s context"),
         (GenerateTokens([1] * 2048), "cannot fit a slot.s context"),
-        (Generate("hi", grammar="root ::= ( unclosed"), "grammar"),
+        (Generate("hi", grammar="root ::= <not-one-token>"), "grammar"),  # needs the vocabulary
         (Generate("hi", logit_bias={60000: 1.0}), "outside the vocabulary"),
     ],
     ids=["token-id", "huge-token-id", "long-prompt", "long-tokens", "grammar", "logit-bias"],
