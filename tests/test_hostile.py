@@ -71,15 +71,18 @@ from actors import (
     InvalidRequest,
     QueueFull,
     ServerActor,
+    ServerPool,
     StopReason,
     StrategyError,
     Stream,
     StreamChat,
     StreamTokens,
+    Supervisor,
     Token,
     Tokenizer,
     default_model_path,
     generate,
+    stream,
 )
 from actors._delivery import courier
 from actors._faults import faults
@@ -541,6 +544,22 @@ for _how, _sampling in SAMPLING.items():
 
 
 @case("c01")
+def _token_grammars_that_end_at_an_end_of_generation_token(c: Child) -> None:
+    for sampling in SAMPLING.values():
+        # A grammar that asks for <|im_end|> as a token: llama.cpp allows an end token
+        # only where the grammar is complete, so after "a" nothing is allowed.
+        c.refused(c.ref, Generate("Hi", grammar='root ::= "a" <|im_end|>', **sampling))
+        c.refused(c.ref, Generate("Hi", grammar="root ::= <[2]>", **sampling))
+        # One token that is not <|endoftext|>, then only the end: min_tokens yields to it.
+        completion = c.complete(c.ref, Generate("Hi", grammar="root ::= !<[0]>", min_tokens=5, **sampling))
+        assert completion.stop_reason == "eog" and completion.generated_tokens == 1, completion
+        completion = c.complete(
+            c.ref, Generate("Hi", grammar="root ::= <|im_start|>+", ignore_eos=True, max_tokens=4, **sampling)
+        )
+        assert completion.token_ids == (1, 1, 1, 1) and completion.text == "", completion
+
+
+@case("c01")
 def _chat_bool_schema_min_tokens_streamed(c: Child) -> None:
     q: queue.Queue[Any] = queue.Queue()
     message = StreamChat(
@@ -876,6 +895,40 @@ def _tampered_token_ids_of_wrong_types(c: Child) -> None:
 
 
 @case("c04")
+def _told_bad_streams_through_a_pool_end_once_and_leave_nothing_in_flight(c: Child) -> None:
+    pool = ServerPool.start(replicas=1, model_path=c.model_path, n_ctx=2048, n_parallel=2, n_threads=1)
+    try:
+        (replica,) = pool.replicas
+        builds: list[Callable[[queue.Queue[Any]], Any]] = [
+            lambda q: StreamTokens([1, 10**7], reply_to=q),  # refused at admission
+            lambda q: Stream("word " * 5000, reply_to=q),  # too long for a slot
+            lambda q: _tampered(Stream("ok", reply_to=q), prompt=LONE),
+            lambda q: _tampered(Stream("ok", reply_to=q), grammar=f'root ::= "{LONE}"'),
+        ]
+        for build in builds:
+            q: queue.Queue[Any] = queue.Queue()
+            message = build(q)
+            try:
+                pool.tell(message)
+            except InvalidRequest:
+                continue  # refused in the caller's thread: that is its one outcome
+            _, last = c.outcome(q, message.request_id)
+            assert isinstance(last, Failed) and isinstance(last.error, InvalidRequest), last
+        for tampered in (_tampered(Cancel("x"), request_id=[1]), _tampered(Drain(1), timeout="30")):
+            with contextlib.suppress(Exception):  # the sender's own thread may raise for its own bug
+                pool.tell(tampered)
+        with contextlib.suppress(EngineError, TypeError):  # the pool refuses what it cannot route
+            pool.tell(42)
+        wait_until(lambda: pool.router.loads().get(replica, 0) == 0, 10)
+        assert "".join(stream(pool, "Hello", max_tokens=3, temp=0, timeout=30))
+        completion = generate(pool, "Hello", max_tokens=3, temp=0, timeout=30)
+        assert completion.generated_tokens <= 3
+        wait_until(lambda: pool.router.loads().get(replica, 0) == 0, 10)
+    finally:
+        pool.stop()
+
+
+@case("c04")
 def _told_queries_and_unknown_objects(c: Child) -> None:
     for message in (GetStats(), GetInfo(), GetTokenizer()):
         c.ref.tell(message)
@@ -1178,6 +1231,30 @@ def _streams_sharing_one_bounded_queue(c: Child) -> None:
         assert isinstance(last, Done) and last.completion.generated_tokens == 10 + i, last
 
 
+@case("c06")
+def _a_pool_stream_to_a_bounded_queue_stays_in_flight_until_it_ends(c: Child) -> None:
+    pool = ServerPool.start(replicas=1, model_path=c.model_path, n_ctx=2048, n_parallel=2, n_threads=1)
+    try:
+        (replica,) = pool.replicas
+        c.serves(pool)
+        for cancel in (False, True):
+            q: queue.Queue[Any] = queue.Queue(maxsize=1)
+            message = Stream(
+                "Story:", max_tokens=40 if not cancel else 400, temp=0, logit_bias=NO_EOG, reply_to=q
+            )
+            pool.tell(message)
+            time.sleep(0.5)  # its queue is full: the replica's courier holds the rest
+            assert pool.router.loads()[replica] == 1, "a held event settled the request in the pool"
+            if cancel:
+                pool.tell(Cancel(message.request_id))  # reaches the replica: still in flight
+            _, last = c.outcome(q, message.request_id)
+            assert isinstance(last, Done), last
+            assert last.completion.stop_reason == ("cancelled" if cancel else "max_tokens"), last
+            wait_until(lambda: pool.router.loads()[replica] == 0, 10)
+    finally:
+        pool.stop()
+
+
 @case(
     "c06",
     xfail=(
@@ -1474,9 +1551,91 @@ def _a_tick_that_raises_systemexit_crashes_only_its_engine(c: Child) -> None:
     c.serves(c.ref)
 
 
+@case("c12")
+def _a_kv_pressure_receiver_raises_systemexit_at_a_context_shift(c: Child) -> None:
+    shifts: list[int] = []
+
+    def receive(sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        shifts.append(1)
+        raise SystemExit(7)
+
+    subscription = telemetry.Subscription({telemetry.kv_pressure: receive})
+    try:
+        ref = c.start(n_parallel=1, n_ctx_per_slot=48)
+        completion = c.complete(ref, Generate("Story:", max_tokens=100, temp=0, logit_bias=NO_EOG))
+        assert completion.stop_reason == "max_tokens" and completion.generated_tokens == 100
+        assert shifts, "no context shift happened"
+        c.alive()
+    finally:
+        subscription.close()
+
+
+@case("c12")
+def _a_tick_that_raises_systemexit_under_a_supervisor_restarts(c: Child) -> None:
+    subscription = telemetry.Subscription({telemetry.server_restart: _raiser(lambda: SystemExit(8))})
+    sup = Supervisor.start(model_path=c.model_path, n_parallel=2, n_ctx=2048, max_restarts=3, max_seconds=30)
+    try:
+        c.serves(sup)
+        first = sup.actor_ref
+
+        def hook(tick: int) -> None:
+            raise SystemExit(9)
+
+        faults.tick = hook
+        q: queue.Queue[Any] = queue.Queue()
+        message = Stream("Story:", max_tokens=50, temp=0, reply_to=q)
+        sup.tell(message)
+        _, last = c.outcome(q, message.request_id)
+        assert isinstance(last, Failed) and isinstance(last.error, EngineStopped), last
+        faults.reset()
+        wait_until(lambda: sup.actor_ref is not first and sup.actor_ref.is_alive(), 20)
+        c.serves(sup)
+        assert sup.restarts == 1
+        c.alive()
+    finally:
+        faults.reset()
+        subscription.close()
+        sup.stop()
+
+
 # -- class 14: every error is an EngineError -------------------------------------------------------
 
 HUGE = [10**309, -(10**309), 10**400, 2**1024, float("1e308") * 10]
+
+
+@case("c14")
+def _the_tokenizer_during_and_after_its_engine_stops(c: Child) -> None:
+    ref = c.start(n_parallel=1)
+    tokenizer: Tokenizer = ref.ask(GetTokenizer())
+    backend = ref.backend
+    assert backend is not None
+    big = "word " * 200_000
+    errors: list[BaseException] = []
+
+    def tokenize() -> None:
+        try:
+            for _ in range(50):
+                tokenizer.tokenize(big)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=tokenize) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    ref.stop(block=True, timeout=10)  # frees the model only once the tokenizers are out
+    for thread in threads:
+        thread.join(30)
+    assert [type(e) for e in errors] == [EngineStopped, EngineStopped], errors
+    calls: list[Callable[[], object]] = [
+        lambda: tokenizer.tokenize("hi"),
+        lambda: tokenizer.detokenize([1, 2]),
+        lambda: backend.tokenize_chat([{"role": "user", "content": "hi"}]),
+        lambda: backend.probe_grammar('root ::= "a"', None),
+    ]
+    for call in calls:
+        with pytest.raises(EngineStopped):
+            call()
 
 
 @case("c14")
@@ -1803,14 +1962,51 @@ PROMPTS: dict[type[Any], st.SearchStrategy[Any]] = {
 STREAMS = (Stream, StreamTokens, StreamChat)
 
 
-def _options(names: list[str], junk_share: float) -> st.SearchStrategy[dict[str, Any]]:
-    """Some of ``names`` set, each to a plausible value or (about ``junk_share``) to junk."""
+# Values the constructors accept, many of them refused at admission (token ids and
+# logit_bias ids past the vocabulary, a schema with a bad $ref) or dead ends.
+VALID: dict[str, st.SearchStrategy[Any]] = {
+    **PLAUSIBLE,
+    "temp": st.sampled_from([0, 0.7, 1.5, 1e-7]) | st.floats(0, 3),
+    "top_k": st.integers(0, 100),
+    "top_p": st.floats(0, 1),
+    "min_p": st.floats(0, 1),
+    "seed": st.integers(0, 2**32 - 2),
+    "penalty_last_n": st.integers(-1, 4096),
+    "penalty_repeat": st.floats(0.5, 2),
+    "grammar": st.sampled_from([YES_NO, X7, "root ::= [a-z]+", 'root ::= "a" root | "b"']),
+    "logit_bias": st.dictionaries(
+        st.integers(0, 52_000), st.floats(-50, 50) | st.just(-math.inf), max_size=5
+    ),
+    "stop": st.lists(st.text(min_size=1, max_size=5), max_size=4),
+    "min_tokens": st.integers(0, 40),
+    "logprobs": st.integers(0, 20),
+    "n_keep": st.integers(0, 600),
+    "deadline_s": st.floats(0.001, 10),
+}
+VALID_PROMPTS: dict[type[Any], st.SearchStrategy[Any]] = {
+    Generate: st.text(min_size=1, max_size=40),
+    Stream: st.text(min_size=1, max_size=40),
+    GenerateTokens: st.lists(st.integers(0, 52_000), min_size=1, max_size=8),
+    StreamTokens: st.lists(st.integers(0, 52_000), min_size=1, max_size=8),
+    Chat: st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(sorted(ROLES)), "content": st.text(max_size=30)}),
+        min_size=1,
+        max_size=4,
+    ),
+}
+VALID_PROMPTS[StreamChat] = VALID_PROMPTS[Chat]
+
+
+def _options(
+    names: list[str], junk_share: float, values: dict[str, st.SearchStrategy[Any]] = PLAUSIBLE
+) -> st.SearchStrategy[dict[str, Any]]:
+    """Some of ``names`` set, each to one of ``values`` or (about ``junk_share``) to junk."""
 
     @st.composite
     def build(draw: st.DrawFn) -> dict[str, Any]:
         chosen = draw(st.lists(st.sampled_from(names), unique=True, max_size=6))
         junk = draw(st.lists(st.floats(0, 1), min_size=len(chosen), max_size=len(chosen)))
-        return {n: draw(JUNK if j < junk_share else PLAUSIBLE[n]) for n, j in zip(chosen, junk, strict=True)}
+        return {n: draw(JUNK if j < junk_share else values[n]) for n, j in zip(chosen, junk, strict=True)}
 
     return build()
 
@@ -1888,16 +2084,17 @@ def test_cancel_and_drain_construct_or_refuse_with_invalid_request(request_id: A
 
 
 def _engine_property(c: Child) -> Callable[[], None]:
-    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(
         cls=st.sampled_from(list(PROMPTS)),
         data=st.data(),
     )
     def admitted_or_refused(cls: type[Any], data: st.DataObject) -> None:
         names = OPTIONS + (["parse_special"] if cls in (Chat, StreamChat) else [])
-        prompt = data.draw(PROMPTS[cls], label="prompt")
-        options = data.draw(_options(names, junk_share=0.1), label="options")
+        prompt = data.draw(VALID_PROMPTS[cls], label="prompt")
+        options = data.draw(_options(names, junk_share=0.03, values=VALID), label="options")
         options["max_tokens"] = data.draw(st.integers(1, 6), label="max_tokens")
+        options.pop("request_id", None)  # fresh ids: telemetry counts each request's ends by id
         q: queue.Queue[Any] = queue.Queue()
         if cls in STREAMS:
             options["reply_to"] = q
