@@ -23,10 +23,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from actors._messages import ReplyTo, put_nowait
 
-__all__ = ["Courier", "courier"]
+__all__ = ["Courier", "courier", "settle"]
 
 _log = logging.getLogger("llama_cpp_actors.delivery")
 
@@ -80,7 +81,11 @@ class Courier:
             put_nowait(reply_to, event)
         except queue.Full:
             with self._lock:
-                self._held[key] = _Held(reply_to, deque([event]), on_stall)
+                held = self._held.get(key)
+                if held is not None and held.reply_to is reply_to:  # another sender held one meanwhile
+                    held.events.append(event)
+                else:
+                    self._held[key] = _Held(reply_to, deque([event]), on_stall)
                 self._start()
                 self._lock.notify()
             return True
@@ -152,4 +157,25 @@ class Courier:
 
 
 courier = Courier()
+"""The process's courier: every engine and relay delivers through it."""
+
+
+def settle(future: Any, value: object = None, error: BaseException | None = None) -> bool:
+    """Resolve a future with ``value`` or ``error`` without ever raising (any thread).
+
+    A pykka future raises ``queue.Full`` when it is resolved twice; a caller holding the
+    future may have resolved it already, and the engine thread must go on regardless.
+    Returns False when the future refused.
+    """
+    try:
+        if error is None:
+            future.set(value)
+        else:
+            future.set_exception(exc_info=(type(error), error, None))
+    except BaseException as e:
+        _log.warning("a future refused its result (%r); the caller resolved it already?", e)
+        return False
+    return True
+
+
 """The process's courier: every engine and relay delivers through it."""

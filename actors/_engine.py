@@ -21,7 +21,7 @@ import pykka
 
 import telemetry
 from actors._batch import BatchArrays, Segment, check_plan, lay_out
-from actors._delivery import courier
+from actors._delivery import courier, settle
 from actors._errors import DecodeError, EngineError, EngineStopped, InvalidRequest, QueueFull, StrategyError
 from actors._faults import faults
 from actors._llama import DeadEnd, LlamaBackend, _Chain
@@ -597,7 +597,7 @@ class Engine:
 
     def _deliver(self, request: Request, completion: Completion) -> None:
         if request.future is not None:
-            request.future.set(completion)
+            settle(request.future, completion)
         elif request.reply_to is not None:
             flushed = len(request.pieces) > len(request.token_ids)
             if flushed and not self._put(
@@ -624,7 +624,7 @@ class Engine:
 
     def _deliver_error(self, request: Request, error: EngineError) -> None:
         if request.future is not None:
-            request.future.set_exception(exc_info=(type(error), error, None))
+            settle(request.future, error=error)
         elif request.reply_to is not None:
             self._put(request, Failed(request.request_id, error))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from actors._errors import EngineError, InvalidRequest
 from actors._grammar import check_grammar, grammar_for_schema
 from actors._llama import LlamaBackend
-from actors._messages import Chat, RequestMessage, StreamChat
+from actors._messages import Chat, RequestMessage, StreamChat, _checked_tokens
 
 __all__ = ["MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare"]
 
@@ -79,8 +79,8 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
             prompt = backend.tokenize_chat([dict(m) for m in message.messages], message.parse_special)
         elif hasattr(message, "prompt"):
             prompt = backend.tokenize(message.prompt)
-        else:
-            prompt = list(message.tokens)
+        else:  # checked by the constructor; again, for a message changed since
+            prompt = list(_checked_tokens(message.tokens))
         if not prompt:
             raise InvalidRequest("prompt tokenizes to nothing")
         if limit is not None:

@@ -21,7 +21,7 @@ from typing import Any
 import pykka
 
 import telemetry
-from actors._delivery import courier
+from actors._delivery import courier, settle
 from actors._engine import Engine
 from actors._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
 from actors._grammar import check_grammar
@@ -223,14 +223,14 @@ class ServerActor(pykka.ThreadingActor):
         drain, self._drain = self._drain, None
         if engine is None:
             if drain is not None:
-                drain[0].set(0)
+                settle(drain[0], 0)
             return
         try:
             unfinished = len(engine.requests)
             engine.fail_all(error)
             self._fail_inbox(error)
             if drain is not None:  # stopped or crashed while draining: the drain ends too
-                drain[0].set(unfinished)
+                settle(drain[0], unfinished)
         finally:
             engine.backend.close()
 
@@ -251,15 +251,15 @@ class ServerActor(pykka.ThreadingActor):
                     and message.future is None
                     and not isinstance(message.message, STREAMING)
                 ):
-                    asker.set_exception(exc_info=(type(error), error, None))
+                    settle(asker, error=error)
                 else:  # its outcome goes where a told one's would; the asker learns nothing more
                     self._refuse(dataclasses.replace(message, told=True), error)
                     if asker is not None:
-                        asker.set(None)
+                        settle(asker, None)
             elif isinstance(message, STREAMING):
                 courier.send(message.reply_to, Failed(message.request_id, error))
             elif isinstance(message, SubmitMessage) and envelope.reply_to is not None:
-                envelope.reply_to.set_exception(exc_info=(type(error), error, None))
+                settle(envelope.reply_to, error=error)
             else:
                 keep.append(envelope)
         for envelope in keep:
@@ -363,7 +363,7 @@ class ServerActor(pykka.ThreadingActor):
             if not courier.send(message.reply_to, Failed(message.request_id, error)):
                 _log.warning("could not deliver %r for %s", error, message.request_id)
         elif item.future is not None and item.told:
-            item.future.set_exception(exc_info=(type(error), error, None))
+            settle(item.future, error=error)
         elif item.told:
             _log.warning("a told %s was refused: %s", type(message).__name__, error)
         else:
@@ -390,7 +390,7 @@ class ServerActor(pykka.ThreadingActor):
             unfinished = len(engine.requests)
             engine.fail_all(EngineStopped("the drain timed out before the request finished"))
         self._drain = None
-        future.set(unfinished)
+        settle(future, unfinished)
         self.stop()  # after this message: pending callers are already answered
 
     def _schedule(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from actors._errors import InvalidRequest
+
 if TYPE_CHECKING:
     from actors._llama import LlamaBackend
 
@@ -40,6 +42,8 @@ class Tokenizer:
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of ``ids`` (special tokens rendered; broken UTF-8 becomes U+FFFD)."""
+        if not isinstance(ids, Sequence) or isinstance(ids, str | bytes):
+            raise InvalidRequest(f"detokenize takes a list of token ids, got {type(ids).__name__}")
         return self._backend.detokenize(list(ids))
 
     def __repr__(self) -> str:
