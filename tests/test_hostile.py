@@ -557,6 +557,8 @@ def _token_grammars_that_end_at_an_end_of_generation_token(c: Child) -> None:
             c.ref, Generate("Hi", grammar="root ::= <|im_start|>+", ignore_eos=True, max_tokens=4, **sampling)
         )
         assert completion.token_ids == (1, 1, 1, 1) and completion.text == "", completion
+        # llama.cpp reads a token's piece as a C string: the NUL token matches nothing.
+        c.refused(c.ref, Generate("Hi", grammar='root ::= "a\\x00b"', **sampling))
 
 
 @case("c01")
@@ -629,13 +631,13 @@ def _dead_ends_in_one_batch_leave_the_others_alone(c: Child) -> None:
 # -- class 2 (its dead-end half): huge JSON schemas are refused quickly ----------------------
 
 # name: (schema, what it must get: "refused", or "either" a refusal or a normal finish)
-HUGE_SCHEMAS: dict[str, tuple[dict[str, Any], str, str | None]] = {
-    "string-maxlength-20000": ({"type": "string", "maxLength": 20000}, "refused", None),
-    "string-maxlength-10**9": ({"type": "string", "maxLength": 10**9}, "refused", None),
-    "array-maxitems-10**9": ({"type": "array", "maxItems": 10**9}, "either", None),
-    "string-maxlength-10**6": ({"type": "string", "maxLength": 10**6}, "refused", None),
-    "string-minlength-20000": ({"type": "string", "minLength": 20000}, "refused", None),
-    "anyof-50-wide": ({"anyOf": [{"type": "string", "maxLength": 500} for _ in range(50)]}, "refused", None),
+HUGE_SCHEMAS: dict[str, tuple[dict[str, Any], str]] = {
+    "string-maxlength-20000": ({"type": "string", "maxLength": 20000}, "refused"),
+    "string-maxlength-10**9": ({"type": "string", "maxLength": 10**9}, "refused"),
+    "array-maxitems-10**9": ({"type": "array", "maxItems": 10**9}, "either"),
+    "string-maxlength-10**6": ({"type": "string", "maxLength": 10**6}, "refused"),
+    "string-minlength-20000": ({"type": "string", "minLength": 20000}, "refused"),
+    "anyof-50-wide": ({"anyOf": [{"type": "string", "maxLength": 500} for _ in range(50)]}, "refused"),
     "3000-required-properties": (
         {
             "type": "object",
@@ -643,23 +645,21 @@ HUGE_SCHEMAS: dict[str, tuple[dict[str, Any], str, str | None]] = {
             "required": [f"p{i}" for i in range(3000)],
         },
         "refused",
-        None,
     ),
     "array-of-strings-100x100": (
         {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100},
         "either",
-        None,
     ),
-    "pattern-a{20000}": ({"type": "string", "pattern": "^a{20000}$"}, "either", None),
-    "integers-within-1e300": ({"type": "integer", "minimum": -(10**300), "maximum": 10**300}, "either", None),
+    "pattern-a{20000}": ({"type": "string", "pattern": "^a{20000}$"}, "either"),
+    "integers-within-1e300": ({"type": "integer", "minimum": -(10**300), "maximum": 10**300}, "either"),
 }
 # Its grammar costs seconds per token over the vocabulary: the caller's thread probes it
 # (about 12 s on a 2-core machine) and refuses it, while the engine serves on.
 ENUM_20000 = {"enum": [f"value-{i}" for i in range(20000)]}
 
-for _name, (_schema, _expected, _bug) in HUGE_SCHEMAS.items():
+for _name, (_schema, _expected) in HUGE_SCHEMAS.items():
 
-    @case("c02", f"huge-schema-{_name}", xfail=_bug)
+    @case("c02", f"huge-schema-{_name}")
     def _huge_schema(c: Child, schema: dict[str, Any] = _schema, expected: str = _expected) -> None:
         c.serves(c.ref)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -877,14 +877,7 @@ def _told_requests_too_long_or_out_of_the_vocabulary(c: Child) -> None:
         c.refused(c.ref, _tampered(GenerateTokens([1]), tokens=tokens))
 
 
-@case(
-    "c04",
-    xfail=(
-        "Engine.admit checks a prompt's token ids against the vocabulary only by value "
-        "(min < 0, max >= n_vocab): a float 1.5 or a bool from a message that bypassed its "
-        "constructor is admitted and runs as token 1"
-    ),
-)
+@case("c04")
 def _tampered_token_ids_of_wrong_types(c: Child) -> None:
     for tokens in ((1.5,), (True, 2), (1, np.int64(2))):
         q: queue.Queue[Any] = queue.Queue()
@@ -943,14 +936,7 @@ def _told_queries_and_unknown_objects(c: Child) -> None:
     assert c.ref.is_alive()
 
 
-@case(
-    "c04",
-    xfail=(
-        "the engine resolves a caller's future with future.set(), which raises queue.Full when "
-        "the caller already resolved it; at a deadline_s expiry that escapes the tick and "
-        "crashes the engine for every tenant (EngineStopped('... crashed: Full()'))"
-    ),
-)
+@case("c04")
 def _a_future_resolved_by_its_caller_then_expiring(c: Child) -> None:
     ref = c.start(n_parallel=2)
     other, other_q = c.stream(ref, "Story:", max_tokens=120, temp=0, logit_bias=NO_EOG)
@@ -963,14 +949,7 @@ def _a_future_resolved_by_its_caller_then_expiring(c: Child) -> None:
     c.serves(ref)
 
 
-@case(
-    "c04",
-    xfail=(
-        "at stop, Engine.fail_all stops at the first request whose caller already resolved its "
-        "future (future.set_exception raises queue.Full): the requests after it, running or "
-        "queued, never get their EngineStopped"
-    ),
-)
+@case("c04")
 def _a_future_resolved_by_its_caller_at_stop(c: Child) -> None:
     ref = c.start(n_parallel=1)
     future = ref.ask(Generate("Hello", max_tokens=400, temp=0, logit_bias=NO_EOG))
@@ -1255,14 +1234,7 @@ def _a_pool_stream_to_a_bounded_queue_stays_in_flight_until_it_ends(c: Child) ->
         pool.stop()
 
 
-@case(
-    "c06",
-    xfail=(
-        "Courier.send assumes one sender per reply_to: two engines that find the same full "
-        "reply_to at once each store a new _Held for it, and the second overwrites the first "
-        "with its events (a Token, or a refused stream's only Failed, is lost)"
-    ),
-)
+@case("c06")
 def _two_engines_sharing_one_bounded_reply_path(c: Child) -> None:
     refs = [c.start(n_parallel=1, max_queue=0) for _ in range(2)]
     for ref in refs:
@@ -1598,6 +1570,37 @@ def _a_tick_that_raises_systemexit_under_a_supervisor_restarts(c: Child) -> None
         sup.stop()
 
 
+@case(
+    "c12",
+    xfail=(
+        "a callback that asks its own engine (a telemetry receiver, a reply_to.put, in the "
+        "engine thread) deadlocks it: EngineRef.ask waits for a reply only that thread can "
+        "give, for its whole timeout, forever without one"
+    ),
+)
+def _a_callback_that_asks_its_own_engine(c: Child) -> None:
+    waits: list[float] = []
+
+    def ask_back(sender: Any) -> None:
+        t0 = time.monotonic()
+        with contextlib.suppress(EngineError, pykka.Timeout):
+            sender.ask(GetStats(), timeout=1)
+        waits.append(time.monotonic() - t0)
+
+    subscription = telemetry.Subscription(
+        {telemetry.request_start: lambda sender, measurements, metadata: ask_back(sender)}
+    )
+    try:
+        c.serves(c.ref)
+    finally:
+        subscription.close()
+    sink = Sink(fail=lambda event, n: ask_back(c.ref) if n == 0 else None)
+    message = Stream("Hi", max_tokens=2, temp=0, reply_to=sink)
+    c.ref.tell(message)
+    c.sink_outcome(sink, message.request_id)
+    assert len(waits) == 2 and max(waits) < 0.5, f"the engine waited on itself for {max(waits):.1f} s"
+
+
 # -- class 14: every error is an EngineError -------------------------------------------------------
 
 HUGE = [10**309, -(10**309), 10**400, 2**1024, float("1e308") * 10]
@@ -1681,7 +1684,7 @@ def _surrogates_and_junk_at_the_tokenizer(c: Child) -> None:
     assert tokenizer.detokenize(tokenizer.tokenize("Hello")) == "Hello"
 
 
-@case("c14", xfail="Tokenizer.detokenize(None) (or any non-iterable) raises TypeError, not InvalidRequest")
+@case("c14")
 def _detokenize_a_non_iterable(c: Child) -> None:
     tokenizer: Tokenizer = c.ref.ask(GetTokenizer())
     for ids in (None, 5, 1.5):
@@ -1762,6 +1765,25 @@ def _stops_messages_and_tokens_of_wrong_shapes(c: Child) -> None:
             GenerateTokens(ids)  # type: ignore[arg-type]
     completion = c.complete(c.ref, GenerateTokens(range(1, 5), max_tokens=2))
     assert completion.prompt_tokens == 4
+
+
+@case("c14")
+def _nul_and_control_characters_are_text(c: Child) -> None:
+    odd = [
+        "a\x00b\x00",
+        "\x00",
+        "\r\n\r" * 300,
+        "\u202e\u2066\ufeff\ufffe\uffff",
+        "\U0010ffff\U000e0001",
+        "\x1b[2J",
+    ]
+    for text in odd:
+        assert c.complete(c.ref, Generate(text, max_tokens=2, temp=0)).generated_tokens <= 2
+        messages = [{"role": "user", "content": text}]
+        assert c.complete(c.ref, Chat(messages, max_tokens=2, temp=0)).generated_tokens <= 2
+        assert c.complete(c.ref, Generate("Count:", stop=[text[:256]], max_tokens=2)).generated_tokens <= 2
+    tokenizer: Tokenizer = c.ref.ask(GetTokenizer())
+    assert tokenizer.detokenize(tokenizer.tokenize("\x00\x00", add_special=False)) == "\x00\x00"
 
 
 @case("c14")
@@ -1862,6 +1884,17 @@ def _every_special_token_text_in_content(c: Child) -> None:
             tokens = backend.tokenize_chat(messages)
             assert _specials(c, tokens) == _specials(c, backend.tokenize_chat(skeleton)), (text, content)
             assert backend.detokenize(tokens) == backend.render_chat(messages)
+
+
+@case("c15")
+def _template_syntax_in_content_is_text(c: Child) -> None:
+    backend = c.ref.backend
+    assert backend is not None
+    content = "{{ raise_exception('boom') }}{% for x in range(10**9) %}x{% endfor %}{{ messages }}"
+    messages = [{"role": "user", "content": content}]
+    assert content in backend.render_chat(messages)
+    completion = c.complete(c.ref, Chat(messages, max_tokens=2, temp=0), timeout=10)
+    assert completion.prompt_tokens == len(backend.tokenize_chat(messages))
 
 
 @case("c15")
