@@ -13,6 +13,7 @@ additions that run in the sender's thread:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,8 @@ class EngineRef(pykka.ActorRef[Any]):
         """The loaded model, set by the actor once it is loaded and cleared at stop."""
         self.n_ctx_slot: int | None = None
         """A slot's context, set with ``backend``: longer prompts are refused here."""
+        self.thread_ident: int | None = None
+        """The actor thread's ident, set once it runs: it may never ask itself."""
 
     def tell(self, message: Any) -> None:
         """``ActorRef.tell``; a request is prepared first (caller's thread)."""
@@ -88,8 +91,18 @@ class EngineRef(pykka.ActorRef[Any]):
 
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
         """``ActorRef.ask``; a request is prepared first, and one that cannot be prepared
-        raises here (or, with ``block=False``, comes back as a failed future)."""
+        raises here (or, with ``block=False``, comes back as a failed future).
+
+        A callback that runs in the engine thread (a telemetry receiver, a ``reply_to``)
+        may not ask its own engine: the reply could only come from the thread that
+        waits for it. That raises ``EngineError`` at once instead of deadlocking.
+        """
         try:
+            if threading.get_ident() == self.thread_ident:
+                raise EngineError(
+                    "a callback running in the engine's thread cannot ask its own engine "
+                    "(it would wait for itself); tell it, or ask from another thread"
+                )
             wrapped = self._wrap(message, told=False)
         except EngineError as error:
             if block:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 import weakref
 from types import TracebackType
@@ -156,6 +157,7 @@ class ServerActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         """Load the model and make the context (actor thread)."""
+        self.actor_ref.thread_ident = threading.get_ident()
         path = self.actor_options.model_path
         t0 = time.perf_counter()
         name = self.actor_config.name

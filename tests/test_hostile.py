@@ -939,7 +939,7 @@ def _told_queries_and_unknown_objects(c: Child) -> None:
 @case("c04")
 def _a_future_resolved_by_its_caller_then_expiring(c: Child) -> None:
     ref = c.start(n_parallel=2)
-    other, other_q = c.stream(ref, "Story:", max_tokens=120, temp=0, logit_bias=NO_EOG)
+    other, other_q = c.stream(ref, "Story:", max_tokens=40, temp=0, logit_bias=NO_EOG)
     future = ref.ask(Generate("Hello", max_tokens=400, temp=0, logit_bias=NO_EOG, deadline_s=0.5))
     future.set("mine")
     time.sleep(1.0)
@@ -1534,8 +1534,8 @@ def _a_kv_pressure_receiver_raises_systemexit_at_a_context_shift(c: Child) -> No
     subscription = telemetry.Subscription({telemetry.kv_pressure: receive})
     try:
         ref = c.start(n_parallel=1, n_ctx_per_slot=48)
-        completion = c.complete(ref, Generate("Story:", max_tokens=100, temp=0, logit_bias=NO_EOG))
-        assert completion.stop_reason == "max_tokens" and completion.generated_tokens == 100
+        completion = c.complete(ref, Generate("Story:", max_tokens=60, temp=0, logit_bias=NO_EOG))
+        assert completion.stop_reason == "max_tokens" and completion.generated_tokens == 60
         assert shifts, "no context shift happened"
         c.alive()
     finally:
@@ -1570,14 +1570,7 @@ def _a_tick_that_raises_systemexit_under_a_supervisor_restarts(c: Child) -> None
         sup.stop()
 
 
-@case(
-    "c12",
-    xfail=(
-        "a callback that asks its own engine (a telemetry receiver, a reply_to.put, in the "
-        "engine thread) deadlocks it: EngineRef.ask waits for a reply only that thread can "
-        "give, for its whole timeout, forever without one"
-    ),
-)
+@case("c12")
 def _a_callback_that_asks_its_own_engine(c: Child) -> None:
     waits: list[float] = []
 
@@ -1772,7 +1765,7 @@ def _nul_and_control_characters_are_text(c: Child) -> None:
     odd = [
         "a\x00b\x00",
         "\x00",
-        "\r\n\r" * 300,
+        "\r\n\r" * 20,
         "\u202e\u2066\ufeff\ufffe\uffff",
         "\U0010ffff\U000e0001",
         "\x1b[2J",
