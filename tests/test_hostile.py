@@ -14,6 +14,8 @@ again for the cases after it, so one crash never hides another. Every case asser
 - and, after it (the child checks this for every case), that the shared engine is
   idle and serves a normal request and that an unrelated pykka actor still answers.
 
+``HOSTILE_TIMES=1`` prints each case's seconds (keep the file under ~90 s on 2 cores).
+
 Cases are grouped by the class of issue 12 they defend (``c01`` grammar dead ends,
 ``c02`` huge JSON schemas, ``c04`` told messages, ``c05`` blocking consumers, ``c06``
 full queues, ``c09`` strategies, ``c12`` ``BaseException`` from callbacks, ``c14``
@@ -94,6 +96,8 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 STOP_REASONS = frozenset(get_args(StopReason))
 LONE = "\ud83d"  # json.loads('"\\ud83d"') makes one from an ordinary JSON body
+CASE_TIMEOUT_S = 40.0  # a case still running after this hangs: its child ends itself
+HUNG = 97  # ... with this return code
 CHILD_TIMEOUT_S = 100.0
 _MARK = "@@hostile "
 
@@ -362,14 +366,25 @@ def child_main(names_json: str) -> None:
     names: list[str] = json.loads(names_json)
     # A request must not take the host's memory (machines are shared): 6 GiB of address
     # space holds a few engines of the default model; a runaway allocation dies here.
-    limit = ADDRESS_SPACE.get(CASES[names[0]].group, 6 << 30)
+    group = CASES[names[0]].group
+    limit = ADDRESS_SPACE.get(group, 6 << 30)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     child = Child()
+    running: list[float] = []  # when the case under way started
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(1)
+            if running and time.monotonic() - running[0] > CASE_TIMEOUTS_S.get(group, CASE_TIMEOUT_S):
+                os._exit(HUNG)
+
+    threading.Thread(target=watchdog, daemon=True).start()
     for name in names:
         _emit({"start": name})
-        t0 = time.monotonic()
+        running[:] = [time.monotonic()]
         problems = child.run(CASES[name])
-        _emit({"end": name, "problems": problems, "seconds": round(time.monotonic() - t0, 2)})
+        _emit({"end": name, "problems": problems, "seconds": round(time.monotonic() - running[0], 2)})
+        running.clear()
     for name, problems in child.late_problems().items():
         _emit({"end": name, "problems": problems})
     pykka.ActorRegistry.stop_all(timeout=10)
@@ -380,6 +395,7 @@ def child_main(names_json: str) -> None:
 
 # Where a huge allocation is expected, it fails at once under a tighter limit.
 ADDRESS_SPACE = {"c02": 3 << 30}
+CASE_TIMEOUTS_S = {"m00": 2.0}
 _CHILD = "import sys; sys.path[:0] = sys.argv[1:3]; import test_hostile; test_hostile.child_main(sys.argv[3])"
 _futures: dict[str, Future[dict[str, list[str]]]] = {}
 _selected: list[str] = []  # the groups of the selected tests, in order
@@ -388,6 +404,8 @@ _selected: list[str] = []  # the groups of the selected tests, in order
 def _describe(returncode: int | None) -> str:
     if returncode is None:
         return f"hung: killed after {CHILD_TIMEOUT_S:.0f} s"
+    if returncode == HUNG:
+        return f"hung: a case ran over {CASE_TIMEOUT_S:.0f} s"
     if returncode < 0:
         return f"killed by {signal.Signals(-returncode).name} (returncode {returncode})"
     return f"exited with returncode {returncode}"
@@ -458,12 +476,48 @@ def _run_group(group: str) -> dict[str, list[str]]:
 def _params() -> list[Any]:
     return [
         pytest.param(
-            c.name,
-            id=c.name,
-            marks=[pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else [],
+            c.name, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else []
         )
         for c in CASES.values()
+        if c.group != "m00"
     ]
+
+
+# -- the runner's own cases: a crash or a hang is reported and hides nothing --------------------
+
+
+@case("m00")
+def _aborts(c: Child) -> None:
+    os.abort()
+
+
+@case("m00")
+def _runs_after_an_abort(c: Child) -> None:
+    c.serves(c.ref)
+
+
+@case("m00")
+def _hangs(c: Child) -> None:
+    threading.Event().wait()
+
+
+@case("m00")
+def _fails(c: Child) -> None:
+    raise AssertionError("as it should")
+
+
+@case("m00")
+def _runs_after_a_hang(c: Child) -> None:
+    c.serves(c.ref)
+
+
+@pytest.mark.timeout(60)
+def test_the_runner_reports_crashes_and_hangs_and_runs_the_cases_after_them() -> None:
+    found = _run_group("m00")
+    assert "SIGABRT" in found["m00-aborts"][0]
+    assert "hung" in found["m00-hangs"][0]
+    assert "as it should" in found["m00-fails"][0]
+    assert found["m00-runs-after-an-abort"] == found["m00-runs-after-a-hang"] == []
 
 
 # -- class 1: grammar dead ends ---------------------------------------------------------------
@@ -1269,9 +1323,7 @@ def _good(slots: Sequence[SlotView], budget: int, chunk_size: int) -> BatchPlan:
     return DecodeMaximal().build_batch(slots, budget, chunk_size, queue_depth=0)
 
 
-def _entries(
-    change: Callable[[SlotPlan], object],
-) -> Callable[[Sequence[SlotView], int, int], object]:
+def _entries(change: Callable[[SlotPlan], object]) -> Callable[[Sequence[SlotView], int, int], object]:
     def plan(slots: Sequence[SlotView], budget: int, chunk_size: int) -> object:
         return BatchPlan(tuple(change(e) for e in _good(slots, budget, chunk_size).slots))  # type: ignore[misc]
 
@@ -1792,10 +1844,7 @@ def _number_types_that_are_not_int_or_float(c: Child) -> None:
     assert completion.generated_tokens <= 2
 
 
-@case(
-    "c14",
-    "penalty-last-n-2**31-1",
-)
+@case("c14", "penalty-last-n-2**31-1")
 def _penalty_last_n_is_bounded(c: Child) -> None:
     c.serves(c.ref)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -2111,10 +2160,7 @@ def test_cancel_and_drain_construct_or_refuse_with_invalid_request(request_id: A
 
 def _engine_property(c: Child) -> Callable[[], None]:
     @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(
-        cls=st.sampled_from(list(PROMPTS)),
-        data=st.data(),
-    )
+    @given(cls=st.sampled_from(list(PROMPTS)), data=st.data())
     def admitted_or_refused(cls: type[Any], data: st.DataObject) -> None:
         names = OPTIONS + (["parse_special"] if cls in (Chat, StreamChat) else [])
         prompt = data.draw(VALID_PROMPTS[cls], label="prompt")
