@@ -397,7 +397,8 @@ def child_main(names_json: str) -> None:
 ADDRESS_SPACE = {"c02": 3 << 30}
 CASE_TIMEOUTS_S = {"m00": 2.0}
 _CHILD = "import sys; sys.path[:0] = sys.argv[1:3]; import test_hostile; test_hostile.child_main(sys.argv[3])"
-_futures: dict[str, Future[dict[str, list[str]]]] = {}
+BATCH = 16  # cases per child: children of one group run in parallel too
+_futures: dict[str, list[Future[dict[str, list[str]]]]] = {}
 _selected: list[str] = []  # the groups of the selected tests, in order
 
 
@@ -435,6 +436,12 @@ def _run_child(names: list[str]) -> tuple[list[dict[str, Any]], int | None, str]
     return records, returncode, err
 
 
+def _batches(group: str) -> list[list[str]]:
+    """The cases of ``group`` in children of at most ``BATCH`` cases each."""
+    names = [c.name for c in CASES.values() if c.group == group]
+    return [names[i : i + BATCH] for i in range(0, len(names), BATCH)]
+
+
 def results(group: str) -> dict[str, list[str]]:
     """Every case of ``group`` run in children: its problems (empty when it passed).
 
@@ -444,16 +451,20 @@ def results(group: str) -> dict[str, list[str]]:
     if not _futures:
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hostile-children")
         for name in [group, *(g for g in _selected if g != group)]:
-            _futures[name] = executor.submit(_run_group, name)
+            _futures[name] = [executor.submit(_run_cases, batch) for batch in _batches(name)]
         executor.shutdown(wait=False)
     if group not in _futures:
-        _futures[group] = ThreadPoolExecutor(max_workers=1).submit(_run_group, group)
-    return _futures[group].result()
-
-
-def _run_group(group: str) -> dict[str, list[str]]:
+        _futures[group] = [ThreadPoolExecutor(max_workers=1).submit(_run_cases, b) for b in _batches(group)]
     found: dict[str, list[str]] = {}
-    pending = [c.name for c in CASES.values() if c.group == group]
+    for future in _futures[group]:
+        found.update(future.result())
+    return found
+
+
+def _run_cases(names: list[str]) -> dict[str, list[str]]:
+    """Run ``names`` in children, again after a crash for the cases it did not reach."""
+    found: dict[str, list[str]] = {}
+    pending = list(names)
     while pending:
         records, returncode, err = _run_child(pending)
         started = [r["start"] for r in records if "start" in r]
@@ -513,7 +524,7 @@ def _runs_after_a_hang(c: Child) -> None:
 
 @pytest.mark.timeout(60)
 def test_the_runner_reports_crashes_and_hangs_and_runs_the_cases_after_them() -> None:
-    found = _run_group("m00")
+    found = results("m00")
     assert "SIGABRT" in found["m00-aborts"][0]
     assert "hung" in found["m00-hangs"][0]
     assert "as it should" in found["m00-fails"][0]
@@ -680,6 +691,36 @@ def _dead_ends_in_one_batch_leave_the_others_alone(c: Child) -> None:
             assert isinstance(last, Done) and last.completion.stop_reason == expected, (expected, last)
         else:
             assert isinstance(last, Failed) and isinstance(last.error, expected), (expected, last)
+
+
+@case("c01")
+def _dead_ends_under_kv_pressure_end_once(c: Child) -> None:
+    # 256 KV cells (llama.cpp's least) for four streams of 61 + 16 tokens: they overflow,
+    # so requests are preempted and resumed (their grammar's state kept), and the dead
+    # ends among them come and go meanwhile.
+    ref = c.start(n_parallel=4, n_ctx=256, n_ctx_per_slot=256)
+    assert ref.ask(GetStats())["kv_cells_total"] == 256
+    long = {"grammar": "root ::= [a-z ]+", "logit_bias": NO_EOG, "max_tokens": 16, "temp": 0.8}
+    kinds: list[tuple[dict[str, Any], type[Event]]] = [
+        (long, Done),
+        ({"grammar": X7, "logit_bias": _bias(c, lambda t, p: b"7" in p), "temp": 0.5}, Failed),
+        (long, Done),
+        ({"grammar": YES_NO, "ignore_eos": True, "temp": 0.9}, Done),
+        (long, Done),
+        ({"logit_bias": _bias(c, lambda t, p: True), "temp": 0}, Failed),
+        ({"json_schema": OBJECT_A, "min_tokens": 16, "max_tokens": 20, "temp": 0.7}, Done),
+        (long, Done),
+    ]
+    runs = [
+        c.stream(ref, f"Story number {i}: " * 12, seed=i, **options) for i, (options, _) in enumerate(kinds)
+    ]
+    for (rid, q), (options, expected) in zip(runs, kinds, strict=True):
+        _, last = c.outcome(q, rid, timeout=60)
+        assert isinstance(last, expected), last
+        if options is long:
+            assert isinstance(last, Done) and set(last.completion.text) <= set("abcdefghijklmnopqrstuvwxyz ")
+    assert ref.ask(GetStats())["preemptions"] > 0, "no KV pressure: the case tests nothing"
+    c.serves(ref)
 
 
 # -- class 2 (its dead-end half): huge JSON schemas are refused quickly ----------------------
@@ -2202,6 +2243,8 @@ def selected_groups(request: pytest.FixtureRequest) -> None:
         name = getattr(item, "callspec", None) and item.callspec.params.get("name")
         if isinstance(name, str) and name in CASES and CASES[name].group not in _selected:
             _selected.append(CASES[name].group)
+        elif item.name == test_the_runner_reports_crashes_and_hangs_and_runs_the_cases_after_them.__name__:
+            _selected.append("m00")
 
 
 @pytest.mark.timeout(110)
