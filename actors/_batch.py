@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from actors._errors import StrategyError
+from actors._messages import _is_int
 from actors._slots import Slot
 from strategies import BatchPlan, SlotPlan, SlotState, SlotView
 
@@ -86,10 +87,6 @@ def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_s
         # An empty plan with work waiting would spin the engine forever.
         raise StrategyError("plan schedules no token although slots have work")
     return BatchPlan(entries)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def lay_out(plan: BatchPlan, slots: Mapping[int, Slot], arrays: BatchArrays) -> list[Segment]:
