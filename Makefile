@@ -27,6 +27,8 @@ lint: install
 	$(PY) -m ruff check actors strategies telemetry examples tests bench
 	$(PY) -m ruff format --check actors strategies telemetry examples tests bench
 	$(PY) -m mypy actors strategies telemetry examples
+	# The layers import downward only; the contracts are in .importlinter.
+	$(VENV)/bin/lint-imports
 
 # Peers for bench/throughput.py, built outside the tracked tree (~7 min the first time).
 bench-peers: install

@@ -8,40 +8,41 @@
 
 from __future__ import annotations
 
-from actors._aio import achat, agenerate, astream, astream_chat
-from actors._errors import (
-    ConfigError,
-    DecodeError,
-    EngineError,
-    EngineStopped,
-    InvalidRequest,
-    ModelLoadError,
-    QueueFull,
-    RequestTimeout,
-    StrategyError,
-)
-from actors._helpers import chat, generate, stream, stream_chat
-from actors._messages import (
+from actors.actor import ServerActor, Supervisor
+from actors.backend import Tokenizer, default_model_path
+from actors.client import achat, agenerate, astream, astream_chat, chat, generate, stream, stream_chat
+from actors.contract import (
     Cancel,
     Chat,
+    Completion,
+    ConfigError,
+    DecodeError,
+    Done,
     Drain,
+    EngineError,
+    EngineStopped,
+    Failed,
     Generate,
     GenerateTokens,
     GetInfo,
     GetStats,
     GetTokenizer,
+    InvalidRequest,
+    ModelLoadError,
+    QueueFull,
     ReplyTo,
+    RequestTimeout,
     SamplingParams,
+    StopReason,
+    StrategyError,
     Stream,
     StreamChat,
     StreamTokens,
+    Token,
+    TokenLogprob,
+    TopLogprob,
 )
-from actors._model import default_model_path
-from actors._pool import ServerPool
-from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
-from actors._server import ServerActor
-from actors._supervisor import Supervisor
-from actors._tokenizer import Tokenizer
+from actors.scale import ServerPool
 
 __version__ = "0.1.0"
 

@@ -144,7 +144,7 @@ class BareLoop(System):
     name = "bare-loop"
 
     def start(self, concurrency: int) -> None:
-        from actors._llama import BackendOptions, LlamaBackend
+        from actors.backend._llama import BackendOptions, LlamaBackend
 
         self.backend = LlamaBackend(
             BackendOptions(
@@ -159,7 +159,7 @@ class BareLoop(System):
         )
 
     def _run(self, prompts: Sequence[str], max_tokens: int) -> Timings:
-        from actors._messages import SamplingParams
+        from actors.contract._messages import SamplingParams
 
         b = self.backend
         for seq in range(len(prompts)):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors._batch import BatchArrays, check_plan, lay_out
-from actors._errors import StrategyError
-from actors._messages import Generate, SamplingParams
-from actors._slots import Request, Slot, choose_slot, common_prefix_len
+from actors.contract._errors import StrategyError
+from actors.contract._messages import Generate, SamplingParams
+from actors.engine._batch import BatchArrays, check_plan, lay_out
+from actors.engine._slots import Request, Slot, choose_slot, common_prefix_len
 from strategies import BatchPlan, SlotPlan, SlotState
 
 

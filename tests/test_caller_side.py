@@ -20,7 +20,7 @@ import pykka
 import pytest
 from helpers import NO_EOG, Recorder, drain, wait_until
 
-import actors._supervisor as supervisor_module
+import actors.actor._supervisor as supervisor_module
 from actors import (
     Cancel,
     Done,
@@ -39,8 +39,8 @@ from actors import (
     generate,
     stream,
 )
-from actors._faults import faults
-from actors._messages import _CancelExact
+from actors.backend._faults import faults
+from actors.contract._messages import _CancelExact
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 SLACK_S = 2.0  # what a bound may overshoot by on a loaded 2-core machine

@@ -25,7 +25,7 @@ from actors import (
     generate,
     stream,
 )
-from actors._faults import faults
+from actors.backend._faults import faults
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 

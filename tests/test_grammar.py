@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors import _grammar
-from actors._errors import InvalidRequest
-from actors._grammar import (
+from actors.contract._errors import InvalidRequest
+from actors.contract._grammar import (
     MAX_GRAMMAR_ALTERNATIVES,
     MAX_GRAMMAR_BYTES,
     MAX_GRAMMAR_CHAIN,
@@ -356,7 +356,7 @@ def assert_llama_agrees(grammars: list[str], verdicts: list[str], run: LlamaRun)
 
 @pytest.fixture(scope="module")
 def convert() -> Callable[[Any], str]:
-    from actors._llama import LlamaBackend
+    from actors.backend._llama import LlamaBackend
 
     return LlamaBackend.json_schema_grammar
 
@@ -917,7 +917,7 @@ def test_check_schema_raises_only_invalid_request(schema: Any) -> None:
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SCHEMAS)
 def test_converted_schemas_pass_check_grammar_or_are_refused(schema: dict[str, Any]) -> None:
-    from actors._llama import LlamaBackend
+    from actors.backend._llama import LlamaBackend
 
     try:
         grammar = grammar_for_schema(schema, LlamaBackend.json_schema_grammar)

@@ -86,10 +86,10 @@ from actors import (
     generate,
     stream,
 )
-from actors._delivery import courier
-from actors._faults import faults
-from actors._messages import ROLES
-from actors._server import crash_reason
+from actors.actor._server import crash_reason
+from actors.backend._faults import faults
+from actors.contract._messages import ROLES
+from actors.engine._delivery import courier
 from strategies import BatchPlan, BatchStrategy, DecodeMaximal, SlotPlan, SlotView
 
 TESTS = Path(__file__).resolve().parent

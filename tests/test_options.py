@@ -23,8 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors import ConfigError, ServerActor
-from actors._llama import default_n_threads
-from actors._options import (
+from actors.actor._options import (
     KV_CACHE_TYPES,
     MAX_N_CTX,
     MAX_N_PARALLEL,
@@ -34,6 +33,7 @@ from actors._options import (
     check_options,
     host_ram_mb,
 )
+from actors.backend._llama import default_n_threads
 from strategies import DecodeMaximal
 
 pytestmark = pytest.mark.timeout(120)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors._output import StopMatcher, TextStream
+from actors.engine._output import StopMatcher, TextStream
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, str | None]:

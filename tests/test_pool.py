@@ -39,8 +39,8 @@ from actors import (
     generate,
     stream,
 )
-from actors._faults import faults
-from actors._router import Router
+from actors.backend._faults import faults
+from actors.scale._router import Router
 
 
 @pytest.fixture

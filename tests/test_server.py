@@ -27,7 +27,7 @@ from actors import (
     generate,
     stream,
 )
-from actors._delivery import courier
+from actors.engine._delivery import courier
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from actors._errors import StrategyError
-from actors._messages import _is_int
-from actors._slots import Slot
+from actors.contract._errors import StrategyError
+from actors.contract._messages import _is_int
+from actors.engine._slots import Slot
 from strategies import BatchPlan, SlotPlan, SlotState, SlotView
 
 __all__ = ["BatchArrays", "Segment", "check_plan", "lay_out"]

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from actors._errors import EngineStopped, RequestTimeout
-from actors._helpers import _RESTART_WAIT_S, _Restarting, _tell_cancel
-from actors._messages import Stream, StreamChat, StreamTokens
-from actors._results import Completion, Done, Failed, Token
+from actors.client._helpers import _RESTART_WAIT_S, _Restarting, _tell_cancel
+from actors.contract._errors import EngineStopped, RequestTimeout
+from actors.contract._messages import Stream, StreamChat, StreamTokens
+from actors.contract._results import Completion, Done, Failed, Token
 
 if TYPE_CHECKING:
     import asyncio

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from actors._errors import EngineError
+from actors.contract._errors import EngineError
 
 __all__ = ["Completion", "Done", "Failed", "StopReason", "Token", "TokenLogprob", "TopLogprob"]
 

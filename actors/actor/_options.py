@@ -21,7 +21,7 @@ vendored llama.cpp) on the default model, each in a child process:
   ``n_batch=2**32 + 1`` would become 1 and then abort.
 
 So every option is checked here, in pure Python, and anything wrong raises
-:class:`~actors._errors.ConfigError` from ``ServerActor.start()``. The bounds are
+:class:`~actors.contract._errors.ConfigError` from ``ServerActor.start()``. The bounds are
 llama.cpp's own: ``LLAMA_MAX_SEQ`` (256, ``src/llama-cparams.h``), ``GGML_MAX_N_THREADS``
 (512, ``ggml/include/ggml.h``), the KV cache types its command line accepts
 (``kv_cache_types`` in ``common/arg.cpp``), and the int32 positions and uint32 sizes
@@ -37,10 +37,10 @@ import os
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from actors._engine import EngineConfig
-from actors._errors import ConfigError, InvalidRequest
-from actors._llama import BackendOptions, default_n_threads
-from actors._messages import SamplingParams
+from actors.backend._llama import BackendOptions, default_n_threads
+from actors.contract._errors import ConfigError, InvalidRequest
+from actors.contract._messages import SamplingParams
+from actors.engine._engine import EngineConfig
 from strategies import BatchStrategy, DecodeMaximal
 
 __all__ = [

@@ -24,9 +24,9 @@ from typing import Any
 import pykka
 
 import telemetry
-from actors._errors import ConfigError, EngineStopped, RequestTimeout
-from actors._messages import Cancel, Drain, _CancelExact
-from actors._server import ServerActor, crash_reason
+from actors.actor._server import ServerActor, crash_reason
+from actors.contract._errors import ConfigError, EngineStopped, RequestTimeout
+from actors.contract._messages import Cancel, Drain, _CancelExact
 
 __all__ = ["Supervisor"]
 

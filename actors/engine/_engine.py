@@ -20,17 +20,24 @@ from typing import Any
 import pykka
 
 import telemetry
-from actors._batch import BatchArrays, Segment, check_plan, lay_out
-from actors._delivery import courier, settle
-from actors._errors import DecodeError, EngineError, EngineStopped, InvalidRequest, QueueFull, StrategyError
-from actors._faults import faults
-from actors._llama import DeadEnd, LlamaBackend, _Chain
-from actors._memory import KVMemory
-from actors._messages import STREAMING, ReplyTo, RequestMessage, SamplingParams, _CancelExact
-from actors._output import TextStream
-from actors._prepare import MAX_GRAMMAR_MS_PER_TOKEN, Prepared, fit_prompt
-from actors._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
-from actors._slots import Request, Slot
+from actors.backend._faults import faults
+from actors.backend._llama import DeadEnd, LlamaBackend, _Chain
+from actors.contract._errors import (
+    DecodeError,
+    EngineError,
+    EngineStopped,
+    InvalidRequest,
+    QueueFull,
+    StrategyError,
+)
+from actors.contract._messages import STREAMING, ReplyTo, RequestMessage, SamplingParams, _CancelExact
+from actors.contract._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
+from actors.engine._batch import BatchArrays, Segment, check_plan, lay_out
+from actors.engine._delivery import courier, settle
+from actors.engine._memory import KVMemory
+from actors.engine._output import TextStream
+from actors.engine._prepare import MAX_GRAMMAR_MS_PER_TOKEN, Prepared, fit_prompt
+from actors.engine._slots import Request, Slot
 from strategies import BatchPlan, BatchStrategy, SlotState
 
 __all__ = ["Engine", "EngineConfig"]
@@ -131,7 +138,7 @@ class Engine:
         """Check a prepared request against the model and place it in a slot or the queue.
 
         The expensive part (tokenizing, the chat template, the grammar) was done by
-        :func:`actors._prepare.prepare`, normally in the caller's thread; this checks
+        :func:`actors.engine._prepare.prepare`, normally in the caller's thread; this checks
         its result and the engine's limits, in time independent of the prompt's text.
 
         Raises:

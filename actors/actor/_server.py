@@ -22,12 +22,14 @@ from typing import Any
 import pykka
 
 import telemetry
-from actors._delivery import courier, settle
-from actors._engine import Engine
-from actors._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
-from actors._grammar import check_grammar
-from actors._llama import LlamaBackend
-from actors._messages import (
+from actors.actor._options import check_options
+from actors.actor._ref import TICK, EngineRef, _Admit, _Told
+from actors.backend._llama import LlamaBackend
+from actors.backend._model import resolve_model_path
+from actors.backend._tokenizer import Tokenizer
+from actors.contract._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
+from actors.contract._grammar import check_grammar
+from actors.contract._messages import (
     STREAMING,
     Cancel,
     Drain,
@@ -39,12 +41,10 @@ from actors._messages import (
     _CancelExact,
     _Submit,
 )
-from actors._model import resolve_model_path
-from actors._options import check_options
-from actors._prepare import prepare
-from actors._ref import TICK, EngineRef, _Admit, _Told
-from actors._results import Failed
-from actors._tokenizer import Tokenizer
+from actors.contract._results import Failed
+from actors.engine._delivery import courier, settle
+from actors.engine._engine import Engine
+from actors.engine._prepare import prepare
 from strategies import BatchStrategy
 
 __all__ = ["ServerActor"]
@@ -89,7 +89,7 @@ class ServerActor(pykka.ThreadingActor):
 
     @property
     def actor_ref(self) -> EngineRef:
-        """This actor's ref: an :class:`actors._ref.EngineRef`."""
+        """This actor's ref: an :class:`actors.actor._ref.EngineRef`."""
         return self._actor_ref  # type: ignore[return-value]
 
     def __init__(
@@ -131,7 +131,7 @@ class ServerActor(pykka.ThreadingActor):
         # pykka made a plain ActorRef; ours prepares requests in the sender's thread.
         self._actor_ref = EngineRef(self)
         # Every option is checked, alone and against the others, before anything is
-        # loaded: llama.cpp aborts the process on some of them (see actors._options).
+        # loaded: llama.cpp aborts the process on some of them (see actors.actor._options).
         options = check_options(
             model_path=model_path, n_parallel=n_parallel, n_ctx=n_ctx, n_batch=n_batch,
             chunk_size=chunk_size, max_queue=max_queue, cache_prompt=cache_prompt,

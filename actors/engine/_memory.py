@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors._llama import LlamaBackend
-from actors._slots import Request, Slot, choose_slot, common_prefix_len
+from actors.backend._llama import LlamaBackend
+from actors.engine._slots import Request, Slot, choose_slot, common_prefix_len
 
 __all__ = ["KVMemory", "RamCache", "RamEntry"]
 

@@ -4,7 +4,7 @@
 additions that run in the sender's thread:
 
 - a request (``Generate``, ``Stream``, ``Chat``, ...) is tokenized, its chat template
-  rendered and its grammar checked here (:func:`actors._prepare.prepare`), so a long
+  rendered and its grammar checked here (:func:`actors.engine._prepare.prepare`), so a long
   prompt costs its sender's thread, not the engine thread every tenant shares;
 - what it sends says whether it was told or asked (``_Admit.told``, ``_Told``): pykka
   stops an actor when a told message raises, so the actor must know which failures it
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from actors._errors import EngineError
-from actors._messages import (
+from actors.contract._errors import EngineError
+from actors.contract._messages import (
     STREAMING,
     Cancel,
     Drain,
@@ -31,10 +31,10 @@ from actors._messages import (
     _CancelExact,
     _Submit,
 )
-from actors._prepare import Prepared, prepare
+from actors.engine._prepare import Prepared, prepare
 
 if TYPE_CHECKING:
-    from actors._llama import LlamaBackend
+    from actors.backend._llama import LlamaBackend
 
 __all__ = ["EngineRef"]
 

@@ -28,9 +28,9 @@ import numpy.typing as npt
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from actors._errors import EngineStopped, InvalidRequest, ModelLoadError
-from actors._faults import faults
-from actors._messages import SamplingParams
+from actors.backend._faults import faults
+from actors.contract._errors import EngineStopped, InvalidRequest, ModelLoadError
+from actors.contract._messages import SamplingParams
 
 __all__ = ["BackendOptions", "DeadEnd", "LlamaBackend", "default_n_threads", "llama_cpp_version"]
 

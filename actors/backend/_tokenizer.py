@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from actors._errors import InvalidRequest
+from actors.contract._errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from actors._llama import LlamaBackend
+    from actors.backend._llama import LlamaBackend
 
 __all__ = ["Tokenizer"]
 

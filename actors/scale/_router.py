@@ -28,8 +28,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from actors._errors import EngineStopped, InvalidRequest
-from actors._messages import Chat, GenerateTokens, RequestMessage, StreamChat, StreamTokens
+from actors.contract._errors import EngineStopped, InvalidRequest
+from actors.contract._messages import Chat, GenerateTokens, RequestMessage, StreamChat, StreamTokens
 
 __all__ = ["Router"]
 

@@ -21,8 +21,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import pykka
 
-from actors._errors import EngineStopped, RequestTimeout
-from actors._messages import (
+from actors.contract._errors import EngineStopped, RequestTimeout
+from actors.contract._messages import (
     Chat,
     Generate,
     GenerateTokens,
@@ -33,7 +33,7 @@ from actors._messages import (
     SubmitMessage,
     _CancelExact,
 )
-from actors._results import Completion, Done, Failed, Token
+from actors.contract._results import Completion, Done, Failed, Token
 
 __all__ = ["chat", "generate", "stream", "stream_chat"]
 

@@ -39,12 +39,12 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 import telemetry
-from actors._delivery import courier
-from actors._errors import EngineError, EngineStopped, QueueFull, RequestTimeout
-from actors._messages import Cancel, Drain, GetInfo, GetTokenizer, StreamMessage, SubmitMessage
-from actors._replica import Relay, ReplicaDown, Tracked
-from actors._results import Done, Failed, Token
-from actors._tokenizer import Tokenizer
+from actors.backend._tokenizer import Tokenizer
+from actors.contract._errors import EngineError, EngineStopped, QueueFull, RequestTimeout
+from actors.contract._messages import Cancel, Drain, GetInfo, GetTokenizer, StreamMessage, SubmitMessage
+from actors.contract._results import Done, Failed, Token
+from actors.engine._delivery import courier
+from actors.scale._replica import Relay, ReplicaDown, Tracked
 
 __all__ = ["start_ray_replicas"]
 
@@ -115,7 +115,7 @@ class ReplicaActor:
     """
 
     def __init__(self, name: str, options: dict[str, Any], max_restarts: int, max_seconds: float) -> None:
-        from actors._supervisor import Supervisor
+        from actors.actor._supervisor import Supervisor
 
         self.name = name
         _normal_priority(name)
@@ -402,7 +402,7 @@ def start_ray_replicas(
     ``server_options`` are checked here first (a ServerActor's checks run in
     ``__init__``, before any model loads), so a bad option raises in the caller.
     """
-    from actors._server import ServerActor
+    from actors.actor._server import ServerActor
 
     ServerActor(**server_options)  # checks only: nothing loads until on_start
     if not ray.is_initialized():

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from actors._errors import EngineError, InvalidRequest
+from actors.contract._errors import EngineError, InvalidRequest
 
 __all__ = [
     "MAX_GRAMMAR_ALTERNATIVES",

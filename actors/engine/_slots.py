@@ -17,9 +17,9 @@ from typing import Any, Literal
 import numpy as np
 import pykka
 
-from actors._messages import ReplyTo, RequestMessage, SamplingParams
-from actors._output import TextStream
-from actors._results import TokenLogprob
+from actors.contract._messages import ReplyTo, RequestMessage, SamplingParams
+from actors.contract._results import TokenLogprob
+from actors.engine._output import TextStream
 from strategies import SlotState, SlotView
 
 __all__ = ["Request", "Slot", "choose_slot", "common_prefix_len"]

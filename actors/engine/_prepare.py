@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors._errors import EngineError, InvalidRequest
-from actors._grammar import check_grammar, grammar_for_schema
-from actors._llama import LlamaBackend
-from actors._messages import Chat, RequestMessage, StreamChat, _checked_tokens
+from actors.backend._llama import LlamaBackend
+from actors.contract._errors import EngineError, InvalidRequest
+from actors.contract._grammar import check_grammar, grammar_for_schema
+from actors.contract._messages import Chat, RequestMessage, StreamChat, _checked_tokens
 
 __all__ = ["MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare"]
 

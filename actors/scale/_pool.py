@@ -2,7 +2,7 @@
 
 The pool answers the messages a ServerActor answers and works with every helper
 (``generate(pool, ...)``, ``astream(pool, ...)``). Each request goes to one replica,
-chosen by :class:`actors._router.Router`; the pool tracks each request until it ends,
+chosen by :class:`actors.scale._router.Router`; the pool tracks each request until it ends,
 so it knows every replica's load and where to send a ``Cancel``.
 
 Backends:
@@ -12,11 +12,11 @@ Backends:
   machine; llama.cpp's OpenMP threads of several engines in one process compete (see
   the README), so ``n_threads=1`` suits it.
 - ``"ray"``: each replica is a Ray actor hosting a ServerActor in its own process, on
-  any node of the Ray cluster (see :mod:`actors._ray`).
+  any node of the Ray cluster (see :mod:`actors.scale._ray`).
 
 Every method runs in the caller's thread. Requests end in replica threads (the engine
 thread, or a Ray replica's outbox reader), which tell the router through ``Tracked``/``Relay``
-(:mod:`actors._replica`).
+(:mod:`actors.scale._replica`).
 
 A stream reaches its replica as a copy of the caller's message (its ``reply_to`` a
 ``Relay``), so the pool remembers, per request in flight, the caller's message and the
@@ -36,8 +36,8 @@ from typing import Any
 
 import pykka
 
-from actors._errors import ConfigError, EngineStopped, QueueFull, RequestTimeout
-from actors._messages import (
+from actors.contract._errors import ConfigError, EngineStopped, QueueFull, RequestTimeout
+from actors.contract._messages import (
     STREAMING,
     Cancel,
     Drain,
@@ -49,8 +49,8 @@ from actors._messages import (
     SubmitMessage,
     _CancelExact,
 )
-from actors._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
-from actors._router import Router
+from actors.scale._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
+from actors.scale._router import Router
 
 __all__ = ["ServerPool"]
 
@@ -132,7 +132,7 @@ class ServerPool:
                     started.append(LocalReplica(name, max_restarts, max_seconds, server_options))
             elif backend == "ray":
                 try:
-                    from actors._ray import start_ray_replicas
+                    from actors.scale._ray import start_ray_replicas
                 except ImportError as e:
                     raise ConfigError(
                         f"backend='ray' needs Ray: pip install 'llama-cpp-actors[ray]' ({e})"

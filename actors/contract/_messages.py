@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from actors._errors import InvalidRequest
-from actors._grammar import MAX_GRAMMAR_BYTES, check_grammar
+from actors.contract._errors import InvalidRequest
+from actors.contract._grammar import MAX_GRAMMAR_BYTES, check_grammar
 
 if TYPE_CHECKING:
     import pykka
@@ -72,7 +72,7 @@ class ReplyTo(Protocol):
 
     The engine calls ``put_nowait`` when the object has it, else ``put``, from its own
     thread: it must not block. ``queue.Full`` means "not now": the event is held and
-    retried (see :mod:`actors._delivery`); any other exception means the consumer is
+    retried (see :mod:`actors.engine._delivery`); any other exception means the consumer is
     gone and the request is cancelled.
     """
 

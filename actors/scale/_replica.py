@@ -4,7 +4,7 @@ A replica is one engine of a pool, wherever it runs. The pool hands each request
 ``Tracked`` future or a ``Relay`` reply path, through which the replica (its engine
 thread, or a Ray replica's outbox reader) tells the pool when the request ends.
 ``LocalReplica`` is a ``Supervisor`` around a ServerActor in this process; the Ray
-kind lives in :mod:`actors._ray`.
+kind lives in :mod:`actors.scale._ray`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any, Protocol
 
 import pykka
 
-from actors._errors import QueueFull, RequestTimeout
-from actors._messages import (
+from actors.actor._supervisor import Supervisor
+from actors.contract._errors import QueueFull, RequestTimeout
+from actors.contract._messages import (
     Cancel,
     Drain,
     ReplyTo,
@@ -27,8 +28,7 @@ from actors._messages import (
     _Submit,
     put_nowait,
 )
-from actors._results import Done, Failed, Token
-from actors._supervisor import Supervisor
+from actors.contract._results import Done, Failed, Token
 
 __all__ = ["LocalReplica", "Relay", "Replica", "ReplicaDown", "Tracked"]
 

@@ -1,0 +1,13 @@
+"""The actor: ``ServerActor`` owns one engine in its pykka thread, ``EngineRef`` prepares
+requests in the caller's thread, and ``Supervisor`` restarts a crashed engine.
+
+It imports the engine core, the backend and the request contract (and ``strategies``,
+``telemetry``); never the caller side or scale-out.
+"""
+
+from __future__ import annotations
+
+from actors.actor._server import ServerActor
+from actors.actor._supervisor import Supervisor
+
+__all__ = ["ServerActor", "Supervisor"]

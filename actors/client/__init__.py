@@ -1,0 +1,13 @@
+"""The caller side: blocking helpers (``generate``, ``stream``, ``chat``...) and their
+asyncio twins, which work on any engine handle (an actor ref, a supervisor, a pool).
+
+They speak only the request contract, duck-typed against ``ask``/``tell``: this layer
+imports nothing else from ``actors``.
+"""
+
+from __future__ import annotations
+
+from actors.client._aio import achat, agenerate, astream, astream_chat
+from actors.client._helpers import chat, generate, stream, stream_chat
+
+__all__ = ["achat", "agenerate", "astream", "astream_chat", "chat", "generate", "stream", "stream_chat"]
