@@ -1,0 +1,158 @@
+"""Admission: a prepared request is checked against the model and the engine's limits,
+then placed in an idle slot (reusing the longest cached prefix) or in the wait queue,
+by priority; waiting requests enter slots as slots and KV cells free up.
+
+Runs in the engine's thread only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import time
+
+import pykka
+
+import telemetry
+from actors.contract._errors import EngineStopped, InvalidRequest, QueueFull
+from actors.contract._messages import STREAMING, ReplyTo, RequestMessage, _CancelExact
+from actors.engine._forward import ForwardPass
+from actors.engine._output import TextStream
+from actors.engine._prepare import Prepared, fit_prompt
+from actors.engine._slots import Request, Slot
+from strategies import SlotState
+
+__all__ = ["Admission"]
+
+_log = logging.getLogger("llama_cpp_actors.engine")
+
+
+class Admission(ForwardPass):
+    """Admit, queue, start, cancel and expire requests (engine thread only)."""
+
+    def admit(
+        self,
+        prepared: Prepared,
+        future: pykka.ThreadingFuture[object] | None = None,
+        reply_to: ReplyTo | None = None,
+    ) -> None:
+        """Check a prepared request against the model and place it in a slot or the queue.
+
+        The expensive part (tokenizing, the chat template, the grammar) was done by
+        :func:`actors.engine._prepare.prepare`, normally in the caller's thread; this checks
+        its result and the engine's limits, in time independent of the prompt's text.
+
+        Raises:
+            InvalidRequest: it can never run here (nothing is queued).
+            QueueFull: every slot is busy and ``max_queue`` requests wait.
+            EngineStopped: the engine is draining.
+        """
+        backend = self.backend
+        message = prepared.message
+        if self.draining:
+            raise EngineStopped("the engine is draining: it takes no new requests")
+        if message.request_id in self.requests:
+            raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
+        if isinstance(message, STREAMING) != (reply_to is not None):
+            raise InvalidRequest("internal: reply path does not match the message")
+        prompt = list(prepared.prompt)
+        if not prompt:
+            raise InvalidRequest("prompt tokenizes to nothing")
+        if max(prompt) >= backend.n_vocab or min(prompt) < 0:
+            bad = next(t for t in prompt if not 0 <= t < backend.n_vocab)
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary (n_vocab={backend.n_vocab})")
+        prompt = fit_prompt(prompt, message, self.n_ctx_slot)
+        bias = dict(message.logit_bias) if message.logit_bias else None
+        if bias and max(bias) >= backend.n_vocab:
+            raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
+        free = [slot for slot in self.slots if slot.state is SlotState.IDLE]
+        if not free and len(self.waiting) >= self.config.max_queue:
+            raise QueueFull(f"all {len(self.slots)} slots busy and {len(self.waiting)} requests waiting")
+        params = self.config.defaults.merged(message)
+        if prepared.grammar is not None:
+            params = dataclasses.replace(params, grammar=prepared.grammar)
+        sampler = backend.make_sampler(params, bias, prompt)
+        self._arrivals += 1
+        request = Request(message, prompt, params, self._arrivals, sampler, future, reply_to)
+        request.text = TextStream(message.stop or (), message.min_tokens)
+        if message.logprobs is not None:
+            request.logprobs = []
+        if reply_to is not None:
+            request.on_stall = functools.partial(self._stalled, message)
+        self.requests[request.request_id] = request
+        if message.deadline_s is not None:
+            request.deadline = request.t_admitted + message.deadline_s
+            self._n_deadlines += 1
+        if free and not self.waiting:
+            self._start(request, free)
+        else:
+            self._enqueue(request)
+
+    def _stalled(self, message: RequestMessage) -> None:
+        """A stream's consumer stopped reading: cancel it (the courier's thread)."""
+        _log.warning("the consumer of stream %s stopped reading; cancelling it", message.request_id)
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.sender.tell(_CancelExact(message.request_id, message))
+
+    def _enqueue(self, request: Request) -> None:
+        """Lower ``priority`` first, first come first served within a priority."""
+        key = request.message.priority
+        index = len(self.waiting)
+        while index > 0 and self.waiting[index - 1].message.priority > key:
+            index -= 1
+        self.waiting.insert(index, request)
+
+    def _start(self, request: Request, idle: list[Slot]) -> None:
+        """Give ``request`` an idle slot, reusing the longest cached prefix."""
+        slot, n_reuse = self.memory.claim(request, idle, self._purge_idle)
+        slot.request = request
+        slot.state = SlotState.PREFILLING
+        request.seq_id = slot.seq_id
+        if request.started:  # resumed after a preemption: already announced
+            return
+        request.started = True
+        request.prefix_cache_tokens = n_reuse
+        request.t_started = time.monotonic()
+        if telemetry.request_start.receivers:
+            self._send(
+                telemetry.request_start,
+                {"prompt_tokens": len(request.prompt), "prefix_cache_tokens": n_reuse},
+                {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
+            )
+
+    def cancel(self, request_id: str, message: object = None) -> None:
+        """Cancel a queued or running request; an unknown id is ignored, and so is a
+        request not admitted from ``message`` when one is given."""
+        request = self.requests.get(request_id)
+        if request is None or (message is not None and request.message is not message):
+            return
+        self._stop_request(request, "cancelled")
+
+    def _expire(self) -> None:
+        """End every request past its ``deadline_s``, queued or running: ``"timeout"``."""
+        now = time.monotonic()
+        for request in [r for r in self.requests.values() if r.deadline is not None and r.deadline <= now]:
+            self._stop_request(request, "timeout")
+
+    def _dequeue(self) -> None:
+        while self.waiting:
+            idle = [slot for slot in self.slots if slot.state is SlotState.IDLE]
+            if not idle or not self._kv_room_for(self.waiting[0]):
+                return
+            self._start(self.waiting.popleft(), idle)
+
+    def _kv_room_for(self, request: Request) -> bool:
+        """Admit only what the KV cells can hold beside the running requests' next tokens.
+
+        Without this a preempted request would take its slot back at once, find no
+        room for its prefill and push another request out: thrashing. Idle caches do
+        not count: they are dropped on demand.
+        """
+        busy = [slot for slot in self.slots if slot.request is not None]
+        if not busy:
+            return True
+        # A prefilling slot will soon hold its whole context.
+        used = sum(max(len(slot.cached), len(slot.request.context)) for slot in busy if slot.request)
+        return used + len(busy) + len(request.context) <= self.backend.n_ctx

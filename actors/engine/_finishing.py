@@ -1,0 +1,174 @@
+"""How a request ends: a ``Completion``, a ``Done`` or a ``Failed`` delivered exactly
+once, its telemetry first, its sampler freed and its slot released.
+
+Runs in the engine's thread only; stream events go through the courier, which never
+blocks it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import telemetry
+from actors.contract._errors import EngineError
+from actors.contract._results import Completion, Done, Failed, StopReason, Token
+from actors.engine._delivery import courier, settle
+from actors.engine._slots import Request, Slot
+from actors.engine._state import EngineState
+from strategies import SlotState
+
+__all__ = ["Finishing"]
+
+_log = logging.getLogger("llama_cpp_actors.engine")
+
+
+class Finishing(EngineState):
+    """Ending requests: finish, fail, cancel, deliver (engine thread only)."""
+
+    def _stop_request(self, request: Request, stop_reason: StopReason) -> None:
+        if request.seq_id < 0:
+            self.waiting.remove(request)
+            completion = self._close(request, stop_reason)
+            if request.started:  # preempted, waiting to resume
+                self._emit_done(request, stop_reason)
+            self._deliver(request, completion)
+        else:
+            self._finish(self.slots[request.seq_id], stop_reason)
+
+    def _put(self, request: Request, event: object) -> bool:
+        """Hand a stream event to the courier (it never blocks the engine; a full queue
+        holds it); a consumer that is gone cancels the request."""
+        assert request.reply_to is not None
+        if not courier.send(request.reply_to, event, request.on_stall):
+            _log.warning("stream consumer of %s is gone; cancelling", request.request_id)
+            request.reply_to = None  # nobody to tell any more
+            if request.seq_id >= 0 and self.slots[request.seq_id].request is request:
+                self._finish(self.slots[request.seq_id], "cancelled")
+            return False
+        return True
+
+    def _finish(self, slot: Slot, stop_reason: StopReason) -> None:
+        """End the slot's request normally; telemetry first, so observers see it by
+        the time the caller does."""
+        request = slot.release()
+        assert request is not None
+        if slot.shifted:  # its positions were rewritten: no later prompt may reuse it
+            self.memory.drop(slot)
+        completion = self._close(request, stop_reason)
+        self._emit_done(request, stop_reason)
+        self._deliver(request, completion)
+
+    def _emit_done(self, request: Request, stop_reason: StopReason) -> None:
+        if telemetry.request_done.receivers:
+            metadata = self._metadata(request)
+            metadata["stop_reason"] = stop_reason
+            self._send(telemetry.request_done, self._measurements(request), metadata)
+
+    def _close(self, request: Request, stop_reason: StopReason) -> Completion:
+        """Forget the request, free its sampler and build its ``Completion``."""
+        self._forget(request)
+        if stop_reason != "stop":  # held-back text, and broken bytes as U+FFFD
+            tail = request.text.flush()
+            if tail:
+                request.pieces.append(tail)
+        ttft_ms, duration_ms = self._timings(request)
+        return Completion(
+            request_id=request.request_id,
+            text="".join(request.pieces),
+            token_ids=tuple(request.token_ids),
+            stop_reason=stop_reason,
+            prompt_tokens=len(request.prompt),
+            generated_tokens=len(request.token_ids),
+            prefix_cache_tokens=request.prefix_cache_tokens,
+            ttft_ms=ttft_ms,
+            duration_ms=duration_ms,
+            stop_string=request.stop_string,
+            logprobs=tuple(request.logprobs) if request.logprobs is not None else None,
+        )
+
+    def _forget(self, request: Request) -> None:
+        self.requests.pop(request.request_id, None)
+        if request.deadline is not None:
+            self._n_deadlines -= 1
+            request.deadline = None
+        self.backend.free_sampler(request.sampler)
+        request.t_finished = time.monotonic()
+
+    def _deliver(self, request: Request, completion: Completion) -> None:
+        if request.future is not None:
+            settle(request.future, completion)
+        elif request.reply_to is not None:
+            flushed = len(request.pieces) > len(request.token_ids)
+            if flushed and not self._put(
+                request, Token(request.request_id, request.pieces[-1], request.token_ids[-1])
+            ):
+                return
+            self._put(request, Done(request.request_id, completion))
+
+    def _fail(self, slot: Slot, error: EngineError) -> None:
+        """Fail the slot's request and drop its KV (it may be half written)."""
+        request = slot.release()
+        assert request is not None
+        self.memory.drop(slot)
+        self._forget(request)
+        self._emit_exception(request, error)
+        self._deliver_error(request, error)
+
+    def _emit_exception(self, request: Request, error: EngineError) -> None:
+        if telemetry.request_exception.receivers:
+            metadata = self._metadata(request)
+            metadata["stop_reason"] = "error"
+            metadata["reason"] = str(error)
+            self._send(telemetry.request_exception, self._measurements(request), metadata)
+
+    def _deliver_error(self, request: Request, error: EngineError) -> None:
+        if request.future is not None:
+            settle(request.future, error=error)
+        elif request.reply_to is not None:
+            self._put(request, Failed(request.request_id, error))
+
+    def fail_all(self, error: EngineError) -> None:
+        """Fail every running and queued request (engine stopping)."""
+        for slot in self.slots:
+            if slot.state is not SlotState.IDLE:
+                self._fail(slot, error)
+        while self.waiting:
+            request = self.waiting.popleft()
+            self._forget(request)
+            if request.started:  # preempted: it had a start, it gets its end
+                self._emit_exception(request, error)
+            self._deliver_error(request, error)
+
+    @staticmethod
+    def _timings(request: Request) -> tuple[float, float]:
+        """``(ttft_ms, duration_ms)`` from admission; ttft is the duration when no token came."""
+        duration_ms = (request.t_finished - request.t_admitted) * 1000.0
+        if request.t_first_token is None or not request.token_ids:
+            return duration_ms, duration_ms
+        return (request.t_first_token - request.t_admitted) * 1000.0, duration_ms
+
+    @classmethod
+    def _measurements(cls, request: Request) -> dict[str, Any]:
+        ttft_ms, duration_ms = cls._timings(request)
+        n_prompt, n_cached, n_gen = (
+            len(request.prompt),
+            request.prefix_cache_tokens,
+            len(request.token_ids),
+        )
+        first = request.t_first_token if request.token_ids else None
+        prompt_s = first - request.t_started if first is not None else 0.0
+        gen_s = request.t_finished - first if first is not None else 0.0
+        return {
+            "prompt_tokens": n_prompt,
+            "generated_tokens": n_gen,
+            "duration_ms": duration_ms,
+            "ttft_ms": ttft_ms,
+            # Prompt tokens actually evaluated per second of prefill, then tokens after
+            # the first per second of decoding; 0.0 where undefined.
+            "prompt_eval_rate": (n_prompt - n_cached) / prompt_s if prompt_s > 0 else 0.0,
+            "generation_rate": (n_gen - 1) / gen_s if gen_s > 0 and n_gen > 1 else 0.0,
+            "prefix_cache_tokens": n_cached,
+            "prefix_cache_ratio": n_cached / n_prompt if n_prompt else 0.0,
+        }

@@ -1,0 +1,135 @@
+"""The forward pass and KV pressure: one ``llama_decode`` over the batch, and what to
+do when the KV cells run out (drop idle caches, split the batch, preempt the newest
+request, fail only what cannot fit alone).
+
+Runs in the engine's thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from actors.contract._errors import DecodeError, EngineError
+from actors.engine._batch import Segment
+from actors.engine._sampling import Sampling
+from actors.engine._slots import Slot
+from strategies import SlotState
+
+__all__ = ["ForwardPass"]
+
+_log = logging.getLogger("llama_cpp_actors.engine")
+
+_DECODE_OK = 0
+_DECODE_NO_KV_SPACE = 1
+
+
+def _contiguous_runs(segments: list[Segment]) -> list[list[Segment]]:
+    runs = [[segments[0]]]
+    for segment in segments[1:]:
+        if segment.start == runs[-1][-1].end:
+            runs[-1].append(segment)
+        else:
+            runs.append([segment])
+    return runs
+
+
+class ForwardPass(Sampling):
+    """Decode, commit and sample a laid-out batch under KV pressure (engine thread only)."""
+
+    def _forward(self, segments: list[Segment], *, purge_allowed: bool) -> None:
+        """Decode the rows of ``segments``, then commit and sample them.
+
+        On "no KV space" drop idle slots' cached KV once, then split the batch in
+        halves; a single slot that still cannot fit fails alone. Any other error
+        fails every active request.
+        """
+        # A slot failed by an earlier half has no request any more; skip its rows
+        # and keep every decode call on a contiguous range of rows.
+        live = [s for s in segments if s.slot.request is not None]
+        if not live:
+            return
+        runs = _contiguous_runs(live)
+        if len(runs) > 1:
+            for run in runs:
+                self._forward(run, purge_allowed=purge_allowed)
+            return
+        start, end = live[0].start, live[-1].end
+        t0 = time.perf_counter()
+        code = self.backend.decode(start, end)
+        self._eval_s += time.perf_counter() - t0
+        if code == _DECODE_OK:
+            self._commit(live, start)
+        elif code == _DECODE_NO_KV_SPACE:
+            self._no_kv_space(live, start, end, purge_allowed)
+        else:
+            error = DecodeError(f"llama_decode failed with code {code}")
+            _log.error("%s; failing every active request", error)
+            for slot in self.slots:
+                if slot.state is not SlotState.IDLE:
+                    self._fail(slot, error)
+
+    def _commit(self, segments: list[Segment], start: int) -> None:
+        """Record decoded rows in their slots, then sample the rows that asked for logits."""
+        tokens = self.backend.tokens
+        for segment in segments:
+            slot = segment.slot
+            if segment.decode:
+                slot.cached.append(slot.pending)
+            else:
+                slot.cached.extend(tokens[segment.start : segment.end].tolist())
+            if segment.logits_row >= 0:
+                try:
+                    self._sample(slot, segment.logits_row - start)
+                except Exception as e:  # one request's sampler broke: fail it alone
+                    _log.exception("sampling failed for %s", slot.request and slot.request.request_id)
+                    if slot.request is not None:
+                        self._fail(slot, EngineError(f"sampling failed: {e!r}"))
+
+    def _no_kv_space(self, live: list[Segment], start: int, end: int, purge_allowed: bool) -> None:
+        """``llama_decode`` found no KV cells: purge idle caches, halve, preempt, then fail."""
+        if purge_allowed and self._purge_idle():
+            self._forward(live, purge_allowed=False)
+            return
+        if len(live) > 1:
+            self._kv_event("split", {"batch_tokens": end - start})
+            mid = len(live) // 2
+            self._forward(live[:mid], purge_allowed=False)
+            self._forward(live[mid:], purge_allowed=False)
+        elif end - start > 1:
+            # One slot's prefill chunk: halve it, positions stay contiguous.
+            self._kv_event("split", {"batch_tokens": end - start})
+            only, mid_row = live[0], start + (end - start) // 2
+            self._forward([Segment(only.slot, start, mid_row, -1, False)], purge_allowed=False)
+            self._forward([Segment(only.slot, mid_row, end, only.logits_row, False)], purge_allowed=False)
+        else:
+            stuck = live[0].slot
+            others = [s for s in self.slots if s.request is not None and s is not stuck]
+            if not others:
+                self._fail(stuck, DecodeError("context_full: the request cannot fit the KV cache even alone"))
+                return
+            # vLLM's answer: free the most recently admitted request and recompute it later.
+            victim = max([stuck, *others], key=lambda s: s.request.arrival if s.request else -1)
+            self._preempt(victim)
+            if victim is not stuck:
+                self._forward(live, purge_allowed=False)
+
+    def _purge_idle(self) -> bool:
+        """Free the KV of every idle slot (saved to RAM when on); True if any was freed."""
+        purged = self.memory.purge_idle(self.slots)
+        if purged:
+            self._kv_event("purge", {"purged_slots": purged})
+        return purged > 0
+
+    def _preempt(self, slot: Slot) -> None:
+        request = slot.release()
+        assert request is not None
+        # Its KV goes to the RAM cache (when on) before the cells are freed: when it
+        # resumes, its context is restored from there instead of evaluated again.
+        self.memory.forget(slot)
+        request.context = request.prompt + request.token_ids
+        request.seq_id = -1
+        request.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(request)
+        self._kv_event("preempt", {"preempted_tokens": len(request.context)}, request)

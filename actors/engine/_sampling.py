@@ -1,0 +1,122 @@
+"""After the forward pass: sample a slot's logits, stream the token, check stop
+strings, ``max_tokens`` and the context (shifting it when allowed).
+
+Runs in the engine's thread only.
+"""
+
+from __future__ import annotations
+
+import time
+
+from actors.backend._llama import DeadEnd, _Chain
+from actors.contract._errors import InvalidRequest
+from actors.contract._results import Token, TokenLogprob, TopLogprob
+from actors.engine._finishing import Finishing
+from actors.engine._prepare import MAX_GRAMMAR_MS_PER_TOKEN
+from actors.engine._slots import Request, Slot
+from strategies import SlotState
+
+__all__ = ["Sampling"]
+
+# A grammar over MAX_GRAMMAR_MS_PER_TOKEN for this many tokens in a row fails its request.
+_GRAMMAR_STRIKES = 3
+
+
+class Sampling(Finishing):
+    """One token per slot that asked for logits (engine thread only)."""
+
+    def _sample(self, slot: Slot, index: int) -> None:
+        request = slot.request
+        assert request is not None
+        message = request.message
+        log_softmax = None
+        if request.logprobs is not None:  # from the raw logits, before any ban or bias
+            log_softmax, top = self.backend.logprobs(index, message.logprobs or 0)
+        ban_eog = message.ignore_eos or len(request.token_ids) < message.min_tokens
+        try:
+            token = self.backend.sample(request.sampler, index, ban_eog=ban_eog)
+        except DeadEnd as dead_end:
+            if dead_end.eog_allowed:  # only the end is allowed: min_tokens/ignore_eos yield
+                self._finish(slot, "eog")
+            else:
+                self._fail(
+                    slot,
+                    InvalidRequest(
+                        "no token is allowed here: the grammar and logit_bias leave nothing to sample"
+                    ),
+                )
+            return
+        if self._too_costly(request):
+            self._fail(
+                slot,
+                InvalidRequest(
+                    f"the grammar costs over {MAX_GRAMMAR_MS_PER_TOKEN:.0f} ms per token, which would "
+                    "slow every other request; simplify it"
+                ),
+            )
+            return
+        logprob = None
+        if log_softmax is not None and token not in self.backend.eog_ids:
+            piece = self.backend.piece
+            logprob = TokenLogprob(
+                token,
+                piece(token).decode("utf-8", "replace"),
+                float(log_softmax[token]),
+                tuple(TopLogprob(t, piece(t).decode("utf-8", "replace"), lp) for t, lp in top),
+            )
+        self._on_token(slot, token, logprob)
+
+    @staticmethod
+    def _too_costly(request: Request) -> bool:
+        """The request's grammar took over the limit for several tokens in a row."""
+        sampler = request.sampler
+        if not isinstance(sampler, _Chain) or not sampler.has_grammar:
+            return False
+        if sampler.grammar_ms <= MAX_GRAMMAR_MS_PER_TOKEN:
+            request.grammar_strikes = 0
+            return False
+        request.grammar_strikes += 1
+        return request.grammar_strikes >= _GRAMMAR_STRIKES
+
+    def _on_token(self, slot: Slot, token: int, logprob: TokenLogprob | None) -> None:
+        request = slot.request
+        assert request is not None
+        now = time.monotonic()
+        if request.t_first_token is None:
+            request.t_first_token = now
+        slot.state = SlotState.GENERATING
+        if token in self.backend.eog_ids:
+            self._finish(slot, "eog")
+            return
+        request.token_ids.append(token)
+        if request.logprobs is not None and logprob is not None:
+            request.logprobs.append(logprob)
+        text, stop = request.text.push(self.backend.piece(token))
+        request.pieces.append(text)
+        event = Token(request.request_id, text, token, logprob)
+        if request.reply_to is not None and not self._put(request, event):
+            return
+        if stop is not None:
+            request.stop_string = stop
+            self._finish(slot, "stop")
+        elif len(request.token_ids) >= request.message.max_tokens:
+            self._finish(slot, "max_tokens")
+        elif len(slot.cached) + 1 >= self.n_ctx_slot and not self._shift(slot):
+            self._finish(slot, "length")
+        else:
+            slot.pending = token
+
+    def _shift(self, slot: Slot) -> bool:
+        """Make room for the next token: keep ``n_keep``, drop half the rest (llama.cpp's rule)."""
+        if not (self.config.context_shift and self.backend.can_shift):
+            return False
+        request = slot.request
+        assert request is not None
+        n_past = len(slot.cached)
+        n_keep = min(request.message.n_keep, n_past - 2)
+        n_discard = (n_past - n_keep) // 2
+        self.backend.seq_shift(slot.seq_id, n_keep, n_discard, n_past)
+        del slot.cached[n_keep : n_keep + n_discard]
+        slot.shifted = True
+        self._kv_event("context_shift", {"discarded_tokens": n_discard}, request)
+        return True

@@ -1,0 +1,119 @@
+"""An engine's state and how it reports: the options, the slots, the wait queue, the
+request table, and the helpers that send its telemetry.
+
+Every other part of the engine is a class stacked on :class:`EngineState` (see
+:mod:`actors.engine`); all of it runs in the engine's thread only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import telemetry
+from actors.backend._llama import LlamaBackend
+from actors.contract._messages import SamplingParams
+from actors.engine._batch import BatchArrays
+from actors.engine._memory import KVMemory
+from actors.engine._slots import Request, Slot
+from strategies import BatchStrategy, SlotState
+
+__all__ = ["EngineConfig", "EngineState"]
+
+
+class EngineConfig:
+    """The scheduling options of an engine (checked by ``ServerActor``)."""
+
+    __slots__ = (
+        "batch_strategy", "cache_prompt", "chunk_size", "context_shift", "defaults", "max_queue",
+        "n_ctx_per_slot", "name", "ram_budget_bytes",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        chunk_size: int,
+        max_queue: int,
+        cache_prompt: bool,
+        batch_strategy: BatchStrategy,
+        defaults: SamplingParams,
+        n_ctx_per_slot: int | None = None,
+        context_shift: bool = True,
+        ram_budget_bytes: int = 0,
+        name: str | None = None,
+    ) -> None:
+        self.name = name
+        self.chunk_size = chunk_size
+        self.max_queue = max_queue
+        self.cache_prompt = cache_prompt
+        self.batch_strategy = batch_strategy
+        self.defaults = defaults
+        self.n_ctx_per_slot = n_ctx_per_slot
+        self.context_shift = context_shift
+        self.ram_budget_bytes = ram_budget_bytes
+
+
+class EngineState:
+    """The state every part of the engine shares (engine thread only).
+
+    Args:
+        backend: the loaded model and context.
+        config: scheduling options.
+        sender: what telemetry names as the sender (the actor's ref).
+    """
+
+    def __init__(self, backend: LlamaBackend, config: EngineConfig, sender: Any) -> None:
+        self.backend = backend
+        self.config = config
+        self.sender = sender
+        self.slots = [Slot(seq_id) for seq_id in range(backend.n_seq_max)]
+        self.waiting: deque[Request] = deque()
+        self.requests: dict[str, Request] = {}
+        self._arrivals = 0
+        self._arrays = BatchArrays(backend.tokens, backend.pos, backend.seq_ids, backend.logits)
+        self._eval_s = 0.0  # time inside llama_decode this tick
+        self.preemptions = 0
+        self.n_ticks = 0
+        self._n_deadlines = 0  # live requests with a deadline: skip the scan without them
+        self.draining = False
+        # A sequence's positions stay below this; by default an even share of the
+        # KV cells, never past what the model was trained on.
+        self.n_ctx_slot = config.n_ctx_per_slot or min(
+            backend.n_ctx // len(self.slots), backend.n_ctx_train or backend.n_ctx
+        )
+        self.memory = KVMemory(backend, config.cache_prompt, config.ram_budget_bytes, self._emit)
+
+    @property
+    def has_work(self) -> bool:
+        """True while a slot is busy or a request waits."""
+        return bool(self.waiting) or any(slot.state is not SlotState.IDLE for slot in self.slots)
+
+    def _kv_use(self) -> dict[str, int]:
+        """KV cells holding tokens and KV cells in all, as GetStats and the signals say."""
+        return {
+            "kv_cells_used": sum(len(slot.cached) for slot in self.slots),
+            "kv_cells_total": self.backend.n_ctx,
+        }
+
+    def _kv_event(self, event: str, measurements: dict[str, Any], request: Request | None = None) -> None:
+        if telemetry.kv_pressure.receivers:
+            self._send(
+                telemetry.kv_pressure,
+                {**measurements, **self._kv_use()},
+                {"event": event, "request_id": request.request_id if request else None},
+            )
+
+    def _send(self, signal: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """Emit ``signal`` as this engine, its ``name`` in ``metadata["replica"]`` when it has one."""
+        if self.config.name is not None:
+            metadata = {**metadata, "replica": self.config.name}
+        telemetry.emit(signal, self.sender, measurements, metadata)
+
+    def _emit(self, name: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        signal = getattr(telemetry, name)
+        if signal.receivers:
+            self._send(signal, measurements, metadata)
+
+    @staticmethod
+    def _metadata(request: Request) -> dict[str, Any]:
+        return {"request_id": request.request_id, "seq_id": request.seq_id, "mode": request.mode}
