@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench-peers bench clean
+.PHONY: install demo test lint docs bench-peers bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ lint: install
 	$(PY) -m mypy actors strategies telemetry examples
 	# The layers import downward only; the contracts are in .importlinter.
 	$(VENV)/bin/lint-imports
+
+# The docs site, strict: a broken link or reference, a griffe warning or a public name
+# without a docstring of its own fails. Output in site/.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	$(PY) docs/check_docstrings.py
 
 # Peers for bench/throughput.py, built outside the tracked tree (~7 min the first time).
 bench-peers: install
