@@ -1,0 +1,93 @@
+"""The tree shows the layers, and the import contracts in ``.importlinter`` hold them.
+
+Each contract is shown to bite: a copy of the packages with one import that breaks it
+fails ``lint-imports`` with that contract named, so a contract that checks nothing (a
+typo in a module name, a layer left out) cannot pass unnoticed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import actors
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+LAYERS = ("contract", "backend", "engine", "actor", "client", "scale")
+
+
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=tree,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_every_subpackage_is_a_layer_whose_docstring_says_what_it_may_import() -> None:
+    found = {m.name for m in pkgutil.iter_modules(actors.__path__) if m.ispkg}
+    assert found == set(LAYERS)
+    for name in LAYERS:
+        package = importlib.import_module(f"actors.{name}")
+        doc = package.__doc__ or ""
+        assert doc.count(".") >= 2, f"actors.{name} needs a docstring: what lives there, what it imports"
+        assert "import" in doc, f"actors.{name}'s docstring does not say what it may import"
+        for public in package.__all__:
+            assert hasattr(package, public)
+
+
+def test_each_public_name_comes_from_exactly_one_layer() -> None:
+    exported = {
+        name: [layer for layer in LAYERS if name in importlib.import_module(f"actors.{layer}").__all__]
+        for name in actors.__all__
+        if name != "__version__"
+    }
+    assert {name: homes for name, homes in exported.items() if len(homes) != 1} == {}
+    for name, (layer,) in exported.items():
+        assert getattr(actors, name) is getattr(importlib.import_module(f"actors.{layer}"), name)
+
+
+def test_the_contracts_hold() -> None:
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+LAYERED = "each layer imports only the layers below"
+ONE_IMPORTER = "only actors.backend._llama imports llama_cpp"
+# (file to plant the import in, the import, the contract that must break)
+VIOLATIONS = [
+    ("actors/engine/_slots.py", "from actors.client import _helpers", LAYERED),
+    ("actors/contract/_results.py", "import actors.engine", LAYERED),
+    ("actors/client/_aio.py", "import actors.actor._server", LAYERED),
+    ("actors/engine/_batch.py", "import llama_cpp", ONE_IMPORTER),
+    ("actors/actor/_server.py", "import llama_cpp.llama_grammar", ONE_IMPORTER),
+    ("strategies/_builtin.py", "import telemetry", "strategies import nothing"),
+    ("strategies/_base.py", "from actors.contract import _errors", "strategies import nothing"),
+    ("telemetry/logging.py", "import actors.contract", "telemetry imports nothing"),
+    ("actors/engine/_sampling.py", "from actors.engine import _admission", "each part imports only"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("path", "line", "contract"), VIOLATIONS, ids=[v[1] for v in VIOLATIONS])
+def test_a_planted_import_breaks_its_contract(tmp_path: Path, path: str, line: str, contract: str) -> None:
+    for package in ("actors", "strategies", "telemetry"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
+    target = tmp_path / path
+    target.write_text(target.read_text() + f"\n{line}\n")
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0, result.stdout
+    broken = [row for row in result.stdout.splitlines() if row.endswith("BROKEN") or "BROKEN (" in row]
+    assert any(contract in row for row in broken), result.stdout
