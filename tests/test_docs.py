@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import importlib.util
 import inspect
 import re
 import sys
@@ -203,6 +204,15 @@ def test_the_benchmark_pages_show_every_result() -> None:
             assert f'--8<-- "{result.name}"' in pages, f"no docs page includes bench/results/{result.name}"
         elif result.suffix == ".png":
             assert f"(results/{result.name})" in pages, f"no docs page shows bench/results/{result.name}"
+
+
+def test_every_source_file_and_module_the_pages_name_exists() -> None:
+    texts = {p.relative_to(ROOT): p.read_text() for p in [ROOT / "README.md", *DOCS.rglob("*.md")]}
+    for name, text in texts.items():
+        for path in re.findall(r"`((?:actors|strategies|telemetry|tests)/[\w/.]+)`", text):
+            assert (ROOT / path).exists(), f"{name} names {path}, which does not exist"
+        for module in re.findall(r"`(actors(?:\.\w+)*\._\w+)`", text):
+            assert importlib.util.find_spec(module) is not None, f"{name} names {module}: no such module"
 
 
 def test_every_public_name_has_a_docstring_of_its_own() -> None:
