@@ -9,7 +9,7 @@ The check reads the source with griffe, as mkdocstrings does for the API referen
 it sees what the site shows: a docstring inherited from a base class, or the
 ``Name(field, ...)`` text that ``@dataclass`` writes into a class without one, is not
 in the source and does not count. A blinker signal's docstring is its ``doc=``
-(``docs/griffe_signals.py``). ``make docs`` runs this script; ``tests/test_docs.py``
+(``docs/griffe_docstrings.py``). ``make docs`` runs this script; ``tests/test_docs.py``
 runs it too, and checks that it catches each kind of gap.
 """
 
@@ -24,7 +24,7 @@ import griffe
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from griffe_signals import SignalDocs  # noqa: E402
+from griffe_docstrings import SignalDocs  # noqa: E402
 
 PACKAGES = ("actors", "strategies", "telemetry")
 """The packages whose ``__all__`` is the public API."""
