@@ -88,6 +88,31 @@ def test_every_signal_in_the_table_exists_with_its_name() -> None:
         assert getattr(telemetry, attr).name == name
 
 
+def _measurements(rows: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Resolve "as ``request_done``" to that signal's keys."""
+    return {s: set().union(*(rows.get(k, {k}) for k in keys)) for s, keys in rows.items()}
+
+
+def test_the_payload_keys_are_those_of_telemetrys_own_table() -> None:
+    # The telemetry package documents each signal's measurements in its docstring (next to
+    # the signals); the docs page must name the same keys.
+    lines = (telemetry.__doc__ or "").splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("=====")]
+    columns = [m.span() for m in re.finditer(r"=+", lines[rules[0]])]
+    in_code: dict[str, set[str]] = {}
+    for line in lines[rules[1] + 1 : rules[2]]:
+        signal = re.findall(r"``(\w+)``", line[: columns[1][0]])
+        if signal:
+            current = signal[0]
+            in_code[current] = set()
+        in_code[current] |= set(re.findall(r"``(\w+)``", line[columns[1][0] : columns[2][0]]))
+    in_docs = {}
+    for row in re.findall(r"^\| `telemetry\.\w+` .*$", page("reference/telemetry.md"), re.MULTILINE):
+        cells = row.split(" | ")
+        in_docs[cells[0].removeprefix("| `telemetry.").rstrip("`")] = set(re.findall(r"`(\w+)`", cells[2]))
+    assert _measurements(in_docs) == _measurements(in_code)
+
+
 def test_every_strategy_in_the_table_is_exported() -> None:
     section = page("reference/strategies.md").split("## The built-in strategies")[1].split("\n## ")[0]
     names = re.findall(r"^\| `(\w+)\(\)`", section, re.MULTILINE)
