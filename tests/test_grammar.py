@@ -24,16 +24,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import _grammar
+from actors.contract import _gbnf as _grammar
 from actors.contract._errors import InvalidRequest
-from actors.contract._grammar import (
-    MAX_GRAMMAR_ALTERNATIVES,
+from actors.contract._gbnf import (
     MAX_GRAMMAR_BYTES,
-    MAX_GRAMMAR_CHAIN,
     MAX_GRAMMAR_DEPTH,
     MAX_GRAMMAR_ELEMENTS,
     MAX_GRAMMAR_REPEAT,
     MAX_GRAMMAR_RULES,
+    check_grammar,
+)
+from actors.contract._gbnf_cost import MAX_GRAMMAR_ALTERNATIVES, MAX_GRAMMAR_CHAIN
+from actors.contract._schema import (
     MAX_SCHEMA_ALTERNATIVES,
     MAX_SCHEMA_BYTES,
     MAX_SCHEMA_NESTING,
@@ -42,7 +44,6 @@ from actors.contract._grammar import (
     MAX_SCHEMA_PROPERTIES,
     MAX_SCHEMA_REPEAT,
     MAX_SCHEMA_REPEAT_TOTAL,
-    check_grammar,
     check_schema,
     grammar_for_schema,
 )

@@ -28,7 +28,7 @@ from actors.backend._llama import LlamaBackend
 from actors.backend._model import resolve_model_path
 from actors.backend._tokenizer import Tokenizer
 from actors.contract._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
-from actors.contract._grammar import check_grammar
+from actors.contract._gbnf import check_grammar
 from actors.contract._messages import (
     STREAMING,
     Cancel,

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from actors.contract._errors import InvalidRequest
-from actors.contract._grammar import MAX_GRAMMAR_BYTES, check_grammar
+from actors.contract._gbnf import MAX_GRAMMAR_BYTES, check_grammar
 
 if TYPE_CHECKING:
     import pykka
