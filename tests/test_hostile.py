@@ -88,7 +88,7 @@ from actors import (
 )
 from actors.actor._server import crash_reason
 from actors.backend._faults import faults
-from actors.contract._messages import ROLES
+from actors.contract._checks import ROLES
 from actors.engine._delivery import courier
 from strategies import BatchPlan, BatchStrategy, DecodeMaximal, SlotPlan, SlotView
 

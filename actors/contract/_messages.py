@@ -3,31 +3,41 @@
 Every check that needs no model runs in ``__post_init__``, in the caller's thread,
 and raises ``InvalidRequest``; checks that need the model (token ids against the
 vocabulary, the prompt against the context, the grammar) run at admission in the
-actor thread.
+actor thread. The value checks themselves live in ``actors.contract._checks``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from actors.contract._errors import InvalidRequest
-from actors.contract._gbnf import MAX_GRAMMAR_BYTES, check_grammar
+from actors.contract._checks import (
+    _INT64_MAX,
+    MAX_ID_LENGTH,
+    MAX_LOGPROBS,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    _check_prompt,
+    _check_reply_to,
+    _checked_bias,
+    _checked_chat,
+    _checked_float,
+    _checked_sampling,
+    _checked_schema,
+    _checked_text,
+    _checked_tokens,
+    _is_int,
+    _require,
+    _show,
+)
 
 if TYPE_CHECKING:
     import pykka
 
 __all__ = [
-    "MAX_LOGPROBS",
-    "MAX_SCHEMA_DEPTH",
-    "MAX_STOP_LENGTH",
-    "MAX_STOP_STRINGS",
-    "ROLES",
     "Cancel",
     "Chat",
     "Drain",
@@ -43,28 +53,6 @@ __all__ = [
     "StreamChat",
     "StreamTokens",
 ]
-
-_SEED_MAX = 2**32 - 2  # 2**32 - 1 is LLAMA_DEFAULT_SEED: llama.cpp would draw a random seed
-_INT32_MAX = 2**31 - 1
-_INT64_MAX = 2**63 - 1
-MAX_LOGPROBS = 20
-"""The most alternatives ``logprobs=k`` may ask for per token."""
-MAX_STOP_STRINGS = 32
-MAX_STOP_LENGTH = 256
-"""Stop strings per request, and characters per stop string, at most."""
-MAX_SCHEMA_DEPTH = 32
-"""JSON Schemas nested deeper than this are refused (the grammar grows with each level)."""
-MAX_PROMPT_CHARS = 16 * 1024 * 1024
-"""Characters in a prompt, or in all of a chat's contents, at most (16 Mi)."""
-MAX_PROMPT_TOKENS = 1 << 20
-"""Token ids in a token prompt at most; the context bounds it further at admission."""
-MAX_CHAT_MESSAGES = 10_000
-MAX_LOGIT_BIAS = 1 << 18
-"""Chat messages, and logit_bias entries, per request at most."""
-MAX_ID_LENGTH = 256
-"""Characters in a ``request_id``, ``cache_scope`` or ``session`` at most."""
-ROLES = frozenset({"system", "user", "assistant"})
-"""The roles a chat message may have."""
 
 
 class ReplyTo(Protocol):
@@ -88,104 +76,6 @@ def put_nowait(reply_to: ReplyTo, event: object) -> None:
 
 def _new_id() -> str:
     return uuid.uuid4().hex
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _show(value: object) -> str:
-    """A short repr of a caller's value for an error message (it may be huge)."""
-    if isinstance(value, int) and value.bit_length() > 128:  # repr() fails past 4300 digits
-        return f"an int of {value.bit_length()} bits"
-    try:
-        text = repr(value)
-    except Exception:  # a caller's __repr__ that raises
-        return f"a {type(value).__name__}"
-    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidRequest(message)
-
-
-def _checked_text(name: str, value: object, max_length: int) -> str:
-    """``value`` as a plain ``str`` that encodes to UTF-8, at most ``max_length`` characters.
-
-    A lone surrogate (``json.loads('"\\ud83d"')`` makes one from an ordinary JSON body)
-    would raise ``UnicodeEncodeError`` wherever the text is encoded later: the tokenizer,
-    llama.cpp, a log line, an HTTP response.
-    """
-    _require(isinstance(value, str), f"{name} must be a str, got {type(value).__name__}")
-    assert isinstance(value, str)
-    text = str.__getitem__(value, slice(None))  # a plain str even from a subclass
-    _require(len(text) <= max_length, f"{name} may have at most {max_length} characters, got {len(text)}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidRequest(
-            f"{name} is not valid Unicode: a lone surrogate {text[e.start]!r} at index {e.start}"
-        ) from None
-    return text
-
-
-def _any_piece(piece: str) -> bool:
-    return True
-
-
-def _checked_float(name: str, value: object) -> float:
-    """A finite float; ints are converted (and refused when too large for a float)."""
-    _require(_is_number(value), f"{name} must be a finite number, got {_show(value)}")
-    assert isinstance(value, int | float)
-    try:
-        number = float(value)
-    except OverflowError:
-        raise InvalidRequest(f"{name} is too large: {_show(value)}") from None
-    _require(math.isfinite(number), f"{name} must be a finite number, got {_show(value)}")
-    return number
-
-
-def _checked_sampling(name: str, value: Any) -> Any:
-    """Check one sampling option and return it normalized; ``None`` (the server's
-    default) is always fine."""
-    if value is None:
-        return None
-    if name in ("top_k", "penalty_last_n", "seed"):
-        _require(_is_int(value), f"{name} must be an int, got {_show(value)}")
-        value = int(value)
-    elif name == "grammar":
-        text = _checked_text("grammar", value, MAX_GRAMMAR_BYTES)
-        _require(text.strip() != "", "grammar must be a non-empty GBNF string")
-        # Syntax and cost limits here; a <piece> token is checked against the vocabulary
-        # when the request is prepared.
-        check_grammar(text, is_single_token=_any_piece)
-        return text
-    else:
-        value = _checked_float(name, value)
-    if name == "temp":
-        _require(value >= 0, f"temp must be >= 0 (0 is greedy), got {_show(value)}")
-    elif name == "top_k":
-        _require(
-            0 <= value <= _INT32_MAX,
-            f"top_k must be within [0, 2**31 - 1] (0 disables it), got {_show(value)}",
-        )
-    elif name in ("top_p", "min_p"):
-        _require(0.0 <= value <= 1.0, f"{name} must be within [0, 1], got {_show(value)}")
-    elif name == "seed":
-        _require(0 <= value <= _SEED_MAX, f"seed must be within [0, 2**32 - 2], got {_show(value)}")
-    elif name == "penalty_last_n":
-        _require(
-            -1 <= value <= _INT32_MAX,
-            f"penalty_last_n must be within [-1, 2**31 - 1] (-1 is the whole context), got {_show(value)}",
-        )
-    elif name == "penalty_repeat":
-        _require(value > 0, f"penalty_repeat must be > 0 (1.0 is off), got {_show(value)}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,74 +220,6 @@ class _RequestMessage:
         return "stream" if hasattr(self, "reply_to") else "generate"
 
 
-def _depth(value: object) -> int:
-    """How deeply dicts and lists nest in a JSON value."""
-    if isinstance(value, Mapping):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
-
-
-def _checked_bias(bias: object) -> dict[int, float]:
-    _require(isinstance(bias, Mapping), "logit_bias must be a dict of token id -> bias")
-    assert isinstance(bias, Mapping)
-    _require(len(bias) <= MAX_LOGIT_BIAS, f"logit_bias may have at most {MAX_LOGIT_BIAS} entries")
-    checked: dict[int, float] = {}
-    for token, value in bias.items():
-        _require(
-            _is_int(token) and 0 <= token <= _INT32_MAX, f"logit_bias key {_show(token)} is not a token id"
-        )
-        # -inf bans a token; NaN and +inf would poison the softmax.
-        if _is_number(value) and value == -math.inf:
-            checked[int(token)] = -math.inf
-        else:
-            checked[int(token)] = _checked_float(f"logit_bias[{token}] (a finite number or -inf)", value)
-    return checked
-
-
-def _checked_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A private copy of a JSON Schema made of plain JSON values, or InvalidRequest."""
-    try:
-        text = json.dumps(schema, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")
-        copy: dict[str, Any] = json.loads(text)
-    except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
-        raise InvalidRequest(f"json_schema is not JSON: {e}") from None
-    _require(_depth(copy) <= MAX_SCHEMA_DEPTH, f"json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
-    return copy
-
-
-def _check_prompt(prompt: object) -> str:
-    text = _checked_text("prompt", prompt, MAX_PROMPT_CHARS)
-    _require(text != "", "prompt must not be empty")
-    return text
-
-
-def _checked_tokens(tokens: object) -> tuple[int, ...]:
-    _require(
-        isinstance(tokens, Sequence) and not isinstance(tokens, str | bytes),
-        "tokens must be a list of token ids",
-    )
-    assert isinstance(tokens, Sequence)
-    _require(len(tokens) > 0, "tokens must not be empty")
-    _require(len(tokens) <= MAX_PROMPT_TOKENS, f"tokens may hold at most {MAX_PROMPT_TOKENS} ids")
-    checked = tuple(tokens)
-    for token in checked:
-        _require(
-            _is_int(token) and 0 <= token <= _INT32_MAX,
-            f"token id {_show(token)} is not a non-negative int32",
-        )
-    return tuple(int(t) for t in checked)
-
-
-def _check_reply_to(reply_to: object) -> None:
-    _require(
-        callable(getattr(reply_to, "put", None)),
-        "reply_to must have a put() method, e.g. queue.Queue",
-    )
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Generate(_RequestMessage):
     """Complete ``prompt``; ``ref.ask()`` returns a Future of the ``Completion``."""
@@ -444,33 +266,6 @@ class StreamTokens(_RequestMessage):
         object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
         _check_reply_to(self.reply_to)
         _RequestMessage._check_options(self)
-
-
-def _checked_chat(messages: object) -> tuple[Mapping[str, str], ...]:
-    _require(
-        isinstance(messages, Sequence) and not isinstance(messages, str | bytes),
-        "messages must be a list of {'role': ..., 'content': ...} dicts",
-    )
-    assert isinstance(messages, Sequence)
-    _require(len(messages) > 0, "messages must not be empty")
-    _require(len(messages) <= MAX_CHAT_MESSAGES, f"a chat may have at most {MAX_CHAT_MESSAGES} messages")
-    checked = []
-    total = 0
-    for message in tuple(messages):
-        _require(isinstance(message, Mapping), f"a chat message must be a dict, got {type(message).__name__}")
-        role, content = message.get("role"), message.get("content")
-        _require(
-            isinstance(role, str) and role in ROLES,
-            f"unknown role {_show(role)}; expected one of {sorted(ROLES)}",
-        )
-        _require(isinstance(content, str), f"a {role} message needs a str content")
-        text = _checked_text(f"a {role} message's content", content, MAX_PROMPT_CHARS)
-        total += len(text)
-        _require(
-            total <= MAX_PROMPT_CHARS, f"a chat's contents may have at most {MAX_PROMPT_CHARS} characters"
-        )
-        checked.append(MappingProxyType({"role": str.__getitem__(role, slice(None)), "content": text}))
-    return tuple(checked)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from actors.contract._checks import _is_int
 from actors.contract._errors import StrategyError
-from actors.contract._messages import _is_int
 from actors.engine._slots import Slot
 from strategies import BatchPlan, SlotPlan, SlotState, SlotView
 

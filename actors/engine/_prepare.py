@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from actors.backend._llama import LlamaBackend
+from actors.contract._checks import _checked_tokens
 from actors.contract._errors import EngineError, InvalidRequest
 from actors.contract._gbnf import check_grammar
-from actors.contract._messages import Chat, RequestMessage, StreamChat, _checked_tokens
+from actors.contract._messages import Chat, RequestMessage, StreamChat
 from actors.contract._schema import grammar_for_schema
 
 __all__ = ["MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare"]
