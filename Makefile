@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench-peers bench clean
+.PHONY: install demo test lint docs bench-peers bench compat clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ bench: install
 	$(PY) bench/strategies.py
 	$(PY) bench/scaling.py
 	$(PY) bench/multiturn.py
+
+# llama.cpp's own server tests against llama-server and ours (bench/compat.py):
+# both pass counts and the difference; bench/results/compat.md.
+compat: bench-peers
+	$(PY) bench/compat.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
