@@ -144,7 +144,8 @@ class BareLoop(System):
     name = "bare-loop"
 
     def start(self, concurrency: int) -> None:
-        from actors.backend._llama import BackendOptions, LlamaBackend
+        from actors.backend._llama import LlamaBackend
+        from actors.backend._options import BackendOptions
 
         self.backend = LlamaBackend(
             BackendOptions(

@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--n-threads", type=int, default=None, help="llama.cpp threads, both sides")
     args = parser.parse_args()
-    from actors.backend._llama import default_n_threads
+    from actors.backend._options import default_n_threads
 
     n_threads = args.n_threads or default_n_threads()
     print(f"{args.threads} callers x {args.max_tokens} tokens, n_threads={n_threads}")

@@ -33,7 +33,7 @@ from actors.actor._options import (
     check_options,
     host_ram_mb,
 )
-from actors.backend._llama import default_n_threads
+from actors.backend._options import default_n_threads
 from strategies import DecodeMaximal
 
 pytestmark = pytest.mark.timeout(120)

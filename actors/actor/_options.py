@@ -37,7 +37,7 @@ import os
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from actors.backend._llama import BackendOptions, default_n_threads
+from actors.backend._options import BackendOptions, default_n_threads
 from actors.contract._errors import ConfigError, InvalidRequest
 from actors.contract._messages import SamplingParams
 from actors.engine._engine import EngineConfig

@@ -4,22 +4,20 @@ Everything in :class:`LlamaBackend` runs in the engine's actor thread, except th
 methods marked thread-safe (tokenizing and token pieces read the immutable vocabulary).
 llama.cpp aborts the whole process on some bad input (a batch over ``n_batch``, a
 logits index that did not ask for logits), so the engine validates every batch before
-it reaches :meth:`LlamaBackend.decode`.
+it reaches :meth:`LlamaBackend.decode`. What needs no llama.cpp lives beside it:
+``_options`` (what a backend is built from), ``_greedy`` (numpy greedy, ``DeadEnd``),
+``_chat`` (special tokens only from the template) and ``_readers`` (the vocabulary lock).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import logging
 import math
-import os
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import llama_cpp as _lc
@@ -28,11 +26,15 @@ import numpy.typing as npt
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from actors.backend._chat import chat_tokens
 from actors.backend._faults import faults
+from actors.backend._greedy import GREEDY_TEMP, DeadEnd, _Greedy
+from actors.backend._options import BackendOptions
+from actors.backend._readers import _Readers
 from actors.contract._errors import EngineStopped, InvalidRequest, ModelLoadError
 from actors.contract._messages import SamplingParams
 
-__all__ = ["BackendOptions", "DeadEnd", "LlamaBackend", "default_n_threads", "llama_cpp_version"]
+__all__ = ["LlamaBackend", "llama_cpp_version"]
 
 _log = logging.getLogger("llama_cpp_actors.llama_cpp")
 
@@ -45,8 +47,6 @@ _LEVELS = {
     4: logging.ERROR,
 }
 _GGML_LOG_CONT = 5
-GREEDY_TEMP = 1e-6
-"""Temperatures below this sample greedily (logit / temp would overflow in llama.cpp)."""
 _pending_line = threading.local()
 
 
@@ -77,25 +77,6 @@ _FLASH_ATTN = {
     True: _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     False: _lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class BackendOptions:
-    """What the backend needs to load a model and make one context."""
-
-    model_path: str
-    n_ctx: int
-    n_batch: int
-    n_ubatch: int
-    n_parallel: int
-    n_threads: int
-    n_threads_batch: int
-    flash_attn: bool | None = None
-    type_k: int | None = None
-    type_v: int | None = None
-    n_gpu_layers: int = 0
-    use_mmap: bool = True
-    use_mlock: bool = False
 
 
 class LlamaBackend:
@@ -223,70 +204,17 @@ class LlamaBackend:
         spells one (``<|im_start|>system``) is tokenized as text, so no message can forge
         another role, unless ``parse_special`` allows it.
         """
-        rendered = self.render_chat(messages)
-        contents = [m["content"] for m in messages]
-        if parse_special or not any(text in c for c in contents for text in self._specials):
-            # As create_chat_completion: the template writes its own BOS, if any.
-            return self.tokenize(rendered, add_special=False, parse_special=True)
-        # Render again with a marker for each content to find where the template put it.
-        marks = [f"\ue000{uuid.uuid4().hex}{i}\ue001" for i in range(len(messages))]
-        skeleton = self.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
-        parts: list[str] = []
-        rest = skeleton
-        for mark in marks:
-            head, found, rest = rest.partition(mark)
-            if not found:
-                break
-            parts.append(head)
-        if (
-            len(parts) != len(marks)
-            or "".join(p + c for p, c in zip(parts, contents, strict=True)) + rest != rendered
-        ):
-            raise InvalidRequest(
-                "a message's content spells a special token and this model's chat template rewrites "
-                "content, so it cannot be kept as text; remove it, or pass parse_special=True"
-            )
-        # Special tokens only in the template's parts; the text between them (template
-        # text and content together) is tokenized as text, as llama.cpp does around them.
-        tokens: list[int] = []
-        run: list[str] = []
-        for part, content in [*zip(parts, contents, strict=True), (rest, "")]:
-            for piece, special in self._split_special(part):
-                if special is None:
-                    run.append(piece)
-                else:
-                    tokens += self._tokenize_text("".join(run))
-                    run = []
-                    tokens.append(special)
-            run.append(content)
-        return tokens + self._tokenize_text("".join(run))
-
-    def _split_special(self, text: str) -> list[tuple[str, int | None]]:
-        """``text`` cut at the special tokens it spells (longest first): (text, None) or (text, id)."""
-        pieces: list[tuple[str, int | None]] = []
-        start = 0
-        while start < len(text):
-            best: tuple[int, str] | None = None
-            for special in self._specials:
-                i = text.find(special, start)
-                if i >= 0 and (best is None or i < best[0] or (i == best[0] and len(special) > len(best[1]))):
-                    best = (i, special)
-            if best is None:
-                pieces.append((text[start:], None))
-                break
-            i, special = best
-            if i > start:
-                pieces.append((text[start:i], None))
-            pieces.append((special, self._specials[special]))
-            start = i + len(special)
-        return pieces
+        return chat_tokens(
+            messages,
+            parse_special,
+            self.render_chat,
+            self._specials,
+            lambda text, special: self.tokenize(text, add_special=False, parse_special=special),
+        )
 
     def is_single_token(self, piece: str) -> bool:
         """Whether ``piece`` (a grammar's ``<piece>``) is exactly one token (thread-safe)."""
         return len(self.tokenize(piece, add_special=False, parse_special=True)) == 1
-
-    def _tokenize_text(self, text: str) -> list[int]:
-        return self.tokenize(text, add_special=False, parse_special=False) if text else []
 
     @staticmethod
     def json_schema_grammar(schema: object) -> str:
@@ -667,72 +595,6 @@ class LlamaBackend:
             self._model = None
 
 
-class _Readers:
-    """Any number of readers of the vocabulary at once; ``close`` waits for them."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._n = 0
-        self._closed = False
-
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[None]:
-        with self._cv:
-            if self._closed:
-                raise EngineStopped("the model was unloaded (its engine stopped)")
-            self._n += 1
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._n -= 1
-                if not self._n:
-                    self._cv.notify_all()
-
-    def close(self, free: Callable[[], None]) -> None:
-        with self._cv:
-            self._closed = True
-            while self._n:
-                self._cv.wait()
-            free()
-
-
-class DeadEnd(Exception):
-    """No token may be sampled: every one is banned by the grammar, biases or ``min_tokens``.
-
-    ``eog_allowed``: an end-of-generation token was allowed and only the request's
-    ``min_tokens``/``ignore_eos`` banned it (the grammar is complete).
-    """
-
-    def __init__(self, eog_allowed: bool) -> None:
-        super().__init__(eog_allowed)
-        self.eog_allowed = eog_allowed
-
-
-class _Greedy:
-    """Greedy sampling with optional logit biases, in numpy (no llama.cpp state)."""
-
-    __slots__ = ("_bias_ids", "_bias_values")
-
-    def __init__(self, logit_bias: dict[int, float] | None) -> None:
-        self._bias_ids = np.fromiter(logit_bias or (), dtype=np.intp)
-        self._bias_values = np.fromiter((logit_bias or {}).values(), dtype=np.float32)
-
-    def pick(self, logits: npt.NDArray[np.float32], ban: npt.NDArray[np.intp] | None = None) -> int:
-        """The first most likely token; ``ban`` lists token ids that may not be picked."""
-        eog_allowed = False
-        if self._bias_ids.size or ban is not None:
-            logits = logits.copy()
-            logits[self._bias_ids] += self._bias_values
-            if ban is not None:
-                eog_allowed = bool((logits[ban] > -np.inf).any())
-                logits[ban] = -np.inf
-        token = int(np.argmax(logits))
-        if not logits[token] > -np.inf:
-            raise DeadEnd(eog_allowed)
-        return token
-
-
 class _Chain:
     """One request's llama.cpp samplers: the filters (logit bias, penalties), the
     grammar, then the selection (greedy, or top-k, top-p, min-p, temperature and dist)."""
@@ -777,18 +639,3 @@ def _candidates(n_vocab: int) -> tuple[npt.NDArray[Any], Any]:
         sorted=False,
     )
     return candidates, array
-
-
-def default_n_threads() -> int:
-    """Threads for a new context: every core but one, at least one.
-
-    Measured on a 2-core machine with SmolLM2-135M, 8 sequences: 2 threads decode
-    157 tok/s on a quiet machine against 89 for 1 thread, but only 42 tok/s while
-    another process keeps one core busy (1 thread: 89). An engine embedded in an
-    application shares the machine with it, so we leave it a core.
-    """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-from actors.backend._llama import DeadEnd, _Chain
+from actors.backend._greedy import DeadEnd
+from actors.backend._llama import _Chain
 from actors.contract._errors import InvalidRequest
 from actors.contract._results import Token, TokenLogprob, TopLogprob
 from actors.engine._finishing import Finishing

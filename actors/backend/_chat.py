@@ -1,0 +1,92 @@
+"""A chat prompt's tokens, special tokens only where the template put them (any thread).
+
+``LlamaBackend.tokenize_chat`` renders the chat with the model's template and hands the
+tokenizing here: text inside message content that spells a special token
+(``<|im_start|>system``) stays text, so no message can forge another role.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+
+from actors.contract._errors import InvalidRequest
+
+__all__ = ["chat_tokens", "split_special"]
+
+
+def chat_tokens(
+    messages: list[dict[str, str]],
+    parse_special: bool,
+    render: Callable[[list[dict[str, str]]], str],
+    specials: Mapping[str, int],
+    tokenize: Callable[[str, bool], list[int]],
+) -> list[int]:
+    """The tokens of ``messages`` rendered by ``render`` (the chat template).
+
+    ``specials`` maps the text of each special token to its id; ``tokenize(text,
+    parse_special)`` tokenizes without adding special tokens. With ``parse_special``,
+    special-token text in content becomes special tokens too.
+    """
+    rendered = render(messages)
+    contents = [m["content"] for m in messages]
+    if parse_special or not any(text in c for c in contents for text in specials):
+        # As create_chat_completion: the template writes its own BOS, if any.
+        return tokenize(rendered, True)
+    # Render again with a marker for each content to find where the template put it.
+    marks = [f"\ue000{uuid.uuid4().hex}{i}\ue001" for i in range(len(messages))]
+    skeleton = render([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
+    parts: list[str] = []
+    rest = skeleton
+    for mark in marks:
+        head, found, rest = rest.partition(mark)
+        if not found:
+            break
+        parts.append(head)
+    if (
+        len(parts) != len(marks)
+        or "".join(p + c for p, c in zip(parts, contents, strict=True)) + rest != rendered
+    ):
+        raise InvalidRequest(
+            "a message's content spells a special token and this model's chat template rewrites "
+            "content, so it cannot be kept as text; remove it, or pass parse_special=True"
+        )
+    # Special tokens only in the template's parts; the text between them (template
+    # text and content together) is tokenized as text, as llama.cpp does around them.
+    tokens: list[int] = []
+    run: list[str] = []
+    for part, content in [*zip(parts, contents, strict=True), (rest, "")]:
+        for piece, special in split_special(part, specials):
+            if special is None:
+                run.append(piece)
+            else:
+                tokens += _text(tokenize, "".join(run))
+                run = []
+                tokens.append(special)
+        run.append(content)
+    return tokens + _text(tokenize, "".join(run))
+
+
+def split_special(text: str, specials: Mapping[str, int]) -> list[tuple[str, int | None]]:
+    """``text`` cut at the special tokens it spells (longest first): (text, None) or (text, id)."""
+    pieces: list[tuple[str, int | None]] = []
+    start = 0
+    while start < len(text):
+        best: tuple[int, str] | None = None
+        for special in specials:
+            i = text.find(special, start)
+            if i >= 0 and (best is None or i < best[0] or (i == best[0] and len(special) > len(best[1]))):
+                best = (i, special)
+        if best is None:
+            pieces.append((text[start:], None))
+            break
+        i, special = best
+        if i > start:
+            pieces.append((text[start:i], None))
+        pieces.append((special, specials[special]))
+        start = i + len(special)
+    return pieces
+
+
+def _text(tokenize: Callable[[str, bool], list[int]], text: str) -> list[int]:
+    return tokenize(text, False) if text else []
