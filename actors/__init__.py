@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from actors.actor import ServerActor, Supervisor
 from actors.backend import Tokenizer, default_model_path
-from actors.client import achat, agenerate, astream, astream_chat, chat, generate, stream, stream_chat
+from actors.client import (
+    achat,
+    agenerate,
+    astream,
+    astream_chat,
+    astream_events,
+    chat,
+    generate,
+    stream,
+    stream_chat,
+)
 from actors.contract import (
     Cancel,
     Chat,
@@ -85,6 +95,7 @@ __all__ = [
     "agenerate",
     "astream",
     "astream_chat",
+    "astream_events",
     "chat",
     "default_model_path",
     "generate",

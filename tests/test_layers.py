@@ -20,7 +20,7 @@ import actors
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-LAYERS = ("contract", "backend", "engine", "actor", "client", "scale")
+LAYERS = ("contract", "backend", "engine", "actor", "client", "scale", "http")
 
 
 def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
@@ -71,6 +71,8 @@ VIOLATIONS = [
     ("actors/contract/_results.py", "import actors.engine", LAYERED),
     ("actors/client/_aio.py", "import actors.actor._server", LAYERED),
     ("actors/engine/_batch.py", "import llama_cpp", ONE_IMPORTER),
+    ("actors/http/_params.py", "from actors.contract import _checks", "actors.http imports only the public"),
+    ("actors/http/_app.py", "import actors.engine", "actors.http imports only the public"),
     ("actors/actor/_server.py", "import llama_cpp.llama_grammar", ONE_IMPORTER),
     ("strategies/_builtin.py", "import telemetry", "strategies import nothing"),
     ("strategies/_base.py", "from actors.contract import _errors", "strategies import nothing"),

@@ -403,6 +403,7 @@ class ServerActor(pykka.ThreadingActor):
 
     def _info(self, engine: Engine) -> dict[str, Any]:
         backend = engine.backend
+        defaults = self.actor_config.defaults
         return {
             "model_path": self.actor_options.model_path,
             "n_vocab": backend.n_vocab,
@@ -412,4 +413,9 @@ class ServerActor(pykka.ThreadingActor):
             "n_parallel": backend.n_seq_max,
             "n_batch": backend.n_batch,
             "n_threads": self.actor_options.n_threads,
+            # The sampling defaults a request's unset options take (grammar: whether one is set).
+            "sampling": {
+                f.name: getattr(defaults, f.name) if f.name != "grammar" else defaults.grammar is not None
+                for f in dataclasses.fields(defaults)
+            },
         }

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from actors.contract._errors import InvalidRequest
+from actors.contract._messages import Chat
 
 if TYPE_CHECKING:
     from actors.backend._llama import LlamaBackend
@@ -45,6 +46,17 @@ class Tokenizer:
         if not isinstance(ids, Sequence) or isinstance(ids, str | bytes):
             raise InvalidRequest(f"detokenize takes a list of token ids, got {type(ids).__name__}")
         return self._backend.detokenize(list(ids))
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The prompt text the model's chat template makes of ``messages`` (with the
+        assistant's turn opened), as ``Chat`` renders it before tokenizing.
+
+        Raises:
+            InvalidRequest: the messages are not a valid chat, the model has no chat
+                template, or the template refused them.
+        """
+        checked = Chat(messages).messages  # the same checks as a Chat request
+        return self._backend.render_chat([dict(m) for m in checked])
 
     def __repr__(self) -> str:
         return f"Tokenizer(n_vocab={self.n_vocab})"

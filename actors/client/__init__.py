@@ -7,7 +7,17 @@ imports nothing else from ``actors``.
 
 from __future__ import annotations
 
-from actors.client._aio import achat, agenerate, astream, astream_chat
+from actors.client._aio import achat, agenerate, astream, astream_chat, astream_events
 from actors.client._helpers import chat, generate, stream, stream_chat
 
-__all__ = ["achat", "agenerate", "astream", "astream_chat", "chat", "generate", "stream", "stream_chat"]
+__all__ = [
+    "achat",
+    "agenerate",
+    "astream",
+    "astream_chat",
+    "astream_events",
+    "chat",
+    "generate",
+    "stream",
+    "stream_chat",
+]

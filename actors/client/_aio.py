@@ -1,4 +1,4 @@
-"""asyncio helpers: ``agenerate``, ``astream``, ``achat``, ``astream_chat``.
+"""asyncio helpers: ``agenerate``, ``astream``, ``achat``, ``astream_chat``, ``astream_events``.
 
 They run on the caller's event loop and never block it: every request goes to the
 engine as a stream whose ``reply_to`` hands each event to the loop with
@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from actors.client._helpers import _RESTART_WAIT_S, _Restarting, _tell_cancel
-from actors.contract._errors import EngineStopped, RequestTimeout
+from actors.contract._errors import EngineStopped, InvalidRequest, RequestTimeout
 from actors.contract._messages import Stream, StreamChat, StreamTokens
 from actors.contract._results import Completion, Done, Failed, Token
 
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["achat", "agenerate", "astream", "astream_chat"]
+__all__ = ["achat", "agenerate", "astream", "astream_chat", "astream_events"]
 
 # asyncio is imported when first used, not with the package: importing it pulls in
 # concurrent.futures, which a script named concurrent.py beside the caller (as
@@ -81,8 +81,15 @@ async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> 
     target = await _target(ref, deadline)
     channel = _LoopQueue()
     message = make(channel)
+    # tell() prepares the request in the calling thread (tokenizing, the chat template,
+    # a grammar's probe): a worker thread does it, so a long prompt never stalls the loop.
+    telling = loop.run_in_executor(None, target.tell, message)
     try:
-        target.tell(message)
+        await asyncio.shield(telling)
+    except asyncio.CancelledError:
+        # The task is gone but the tell may still land: cancel whatever it admits.
+        telling.add_done_callback(lambda told: _cancel_if_admitted(told, target, message))
+        raise
     except pykka.ActorDeadError as e:
         raise EngineStopped(f"the engine is not running: {e}") from None
     finished = False
@@ -99,6 +106,12 @@ async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> 
     finally:
         if not finished:  # the task was cancelled, timed out or stopped iterating
             _tell_cancel(target, message)
+
+
+def _cancel_if_admitted(told: asyncio.Future[None], target: Any, message: Any) -> None:
+    """Cancel a request whose tell finished after its task was cancelled (loop thread)."""
+    if not told.cancelled() and told.exception() is None:
+        _tell_cancel(target, message)
 
 
 async def _next(
@@ -181,3 +194,40 @@ def astream_chat(
 ) -> AsyncIterator[str]:
     """Async-iterate the reply to a conversation piece by piece."""
     return _texts(ref, lambda channel: StreamChat(messages, reply_to=channel, **options), timeout)
+
+
+async def _tokens_then_done(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[Token | Done]:
+    async with contextlib.aclosing(_events(ref, make, timeout, each=True)) as events:
+        async for event in events:
+            if isinstance(event, Failed):
+                raise event.error
+            yield event
+
+
+def astream_events(
+    ref: Any,
+    prompt: str | Sequence[int] | None = None,
+    *,
+    messages: Sequence[Mapping[str, str]] | None = None,
+    timeout: float | None = None,
+    **options: Any,
+) -> AsyncIterator[Token | Done]:
+    """Async-iterate a request's events: every ``Token`` (with its id and logprobs), then
+    the ``Done`` that carries the ``Completion``; a failure raises its ``EngineError``.
+
+    For callers that need more than the text, such as an HTTP server. Give ``prompt``
+    (text or token ids) or ``messages`` (a conversation for the chat template).
+    Leaving the loop early cancels the request; ``timeout`` bounds the wait for each
+    next event, as in :func:`astream`.
+
+    Raises:
+        InvalidRequest: neither or both of ``prompt`` and ``messages``; any invalid
+            option is raised at the first iteration.
+    """
+    if (prompt is None) == (messages is None):
+        raise InvalidRequest("give a prompt or messages, not both")
+    if messages is not None:
+        chat = messages
+        return _tokens_then_done(ref, lambda channel: StreamChat(chat, reply_to=channel, **options), timeout)
+    assert prompt is not None
+    return _tokens_then_done(ref, _stream_message(prompt, options), timeout)

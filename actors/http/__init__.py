@@ -1,0 +1,16 @@
+"""The HTTP face: llama-server's and OpenAI's APIs served by the engine, as an ASGI app
+(``create_app``) and a command, ``llama-cpp-actors serve``, that takes llama-server's
+flags.
+
+It imports only the public API of ``actors`` (messages, helpers, pools) and
+``telemetry``, never the engine's internals; it needs the ``server`` extra (Starlette,
+uvicorn), which the rest of the library does not.
+"""
+
+from __future__ import annotations
+
+from actors.http._app import create_app
+from actors.http._serve import serve
+from actors.http._settings import HttpSettings
+
+__all__ = ["HttpSettings", "create_app", "serve"]

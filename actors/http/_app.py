@@ -1,0 +1,239 @@
+"""The ASGI app: routes at llama-server's paths, and one gate in front of them that
+answers CORS preflights, refuses requests while loading or draining (503), checks the
+API key in constant time (401), and counts requests in flight.
+
+Runs on the event loop. Handlers raise ``HttpError`` or an ``EngineError``; the route
+wrapper turns each into llama-server's error body, and anything unexpected into a 500
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from actors import EngineError
+from actors.http import _info, _native, _openai
+from actors.http._errors import HttpError, error_body, error_response, from_engine_error
+from actors.http._service import Service
+from actors.http._settings import HttpSettings
+from actors.http._stream import ClientGone, EventStream
+
+__all__ = ["create_app"]
+
+_log = logging.getLogger("llama_cpp_actors.http")
+
+# llama-server's public paths: no API key needed.
+_PUBLIC = frozenset({"/health", "/v1/health"})
+# JSON bodies larger than this are parsed in a worker thread, off the event loop.
+_PARSE_INLINE_BYTES = 256 * 1024
+
+Handler = Callable[[Request], Awaitable[Response | EventStream]]
+
+
+def _no_constants(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(raw: bytes) -> Any:
+    return json.loads(raw, parse_constant=_no_constants)
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise HttpError(413, f"the request body is larger than {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, f"the request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        return {}
+    try:
+        return _loads(raw) if size <= _PARSE_INLINE_BYTES else await asyncio.to_thread(_loads, raw)
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting a JSON bomb deep
+        raise HttpError(400, f"the request body is not valid JSON: {str(e)[:200]}") from None
+
+
+def _endpoint(handler: Handler, *, body: bool) -> Callable[[Request], Awaitable[Any]]:
+    """``handler`` with its JSON body read, and every failure as an error response."""
+
+    async def endpoint(request: Request) -> Any:
+        try:
+            if body:
+                service: Service = request.app.state.service
+                request.state.json = await _read_json(request, service.settings.max_body_bytes)
+            return await handler(request)
+        except HttpError as e:
+            return error_response(e)
+        except EngineError as e:
+            return error_response(from_engine_error(e))
+        except (ClientGone, ClientDisconnect):
+            return Response(status_code=499)  # nobody is there to read it
+        except Exception:
+            _log.exception("%s %s failed", request.method, request.url.path)
+            return error_response(HttpError(500, "internal server error"))
+
+    return endpoint
+
+
+def _routes() -> list[Route]:
+    get: dict[str, Handler] = {
+        "/health": _info.health,
+        "/v1/health": _info.health,
+        "/models": _info.models,
+        "/v1/models": _info.models,
+        "/props": _info.props,
+        "/slots": _info.slots,
+        "/metrics": _info.metrics,
+    }
+    post: dict[str, Handler] = {
+        "/completion": _native.completion,
+        "/completions": _native.completion,
+        "/v1/completions": _openai.completions,
+        "/chat/completions": _openai.chat_completions,
+        "/v1/chat/completions": _openai.chat_completions,
+        "/tokenize": _native.tokenize,
+        "/detokenize": _native.detokenize,
+        "/apply-template": _native.apply_template,
+    }
+    return [
+        *(Route(path, _endpoint(h, body=False), methods=["GET"]) for path, h in get.items()),
+        *(Route(path, _endpoint(h, body=True), methods=["POST"]) for path, h in post.items()),
+    ]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = "File Not Found" if status == 404 else str(getattr(exc, "detail", "")) or "error"
+    return error_response(HttpError(status, message))
+
+
+def _is_localhost(origin: str) -> bool:
+    try:
+        return urlsplit(origin).hostname in ("localhost", "127.0.0.1", "::1")
+    except ValueError:
+        return False
+
+
+class _Gate:
+    """What llama-server's pre-routing handler does, as ASGI middleware (event loop)."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+        self.keys = [key.encode() for key in service.settings.api_keys]
+
+    def _allow_origin(self, headers: Mapping[bytes, bytes]) -> bytes | None:
+        settings = self.service.settings
+        origin = headers.get(b"origin", b"")
+        if settings.cors_origins == "*" and settings.cors_credentials:
+            return origin or None  # llama-server echoes any Origin
+        if settings.cors_origins == "localhost":
+            return origin if origin and _is_localhost(origin.decode("latin-1")) else None
+        return settings.cors_origins.encode("latin-1")
+
+    def _key_ok(self, headers: Mapping[bytes, bytes]) -> bool:
+        given = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
+        if given.startswith(b"Bearer "):
+            given = given[len(b"Bearer ") :]
+        # Every key is compared, each in constant time: no timing tells which one nearly matched.
+        return sum(hmac.compare_digest(given, key) for key in self.keys) > 0
+
+    async def _reply(self, send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]]) -> None:
+        body = error_body(status, message)
+        headers = [
+            (b"content-type", b"application/json; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            *extra,
+        ]
+        if status == 503:
+            headers.append((b"retry-after", b"1"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        origin = self._allow_origin(headers)
+        cors = [(b"access-control-allow-origin", origin)] if origin is not None else []
+        settings, service = self.service.settings, self.service
+        if scope["method"] == "OPTIONS":
+            preflight = [
+                *cors,
+                (b"access-control-allow-credentials", b"true" if settings.cors_credentials else b"false"),
+                (b"access-control-allow-methods", settings.cors_methods.encode("latin-1")),
+                (b"access-control-allow-headers", settings.cors_headers.encode("latin-1")),
+                (b"content-type", b"text/html"),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": preflight})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if not service.ready:
+            await self._reply(send, 503, "Loading model", cors)
+            return
+        if self.keys and scope["path"] not in _PUBLIC and not self._key_ok(headers):
+            await self._reply(send, 401, "Invalid API Key", cors)
+            return
+        if service.draining:
+            await self._reply(send, 503, "the server is shutting down", cors)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start" and cors:
+                message = {**message, "headers": [*message.get("headers", []), *cors]}
+            await send(message)
+
+        service.in_flight += 1
+        try:
+            await self.app(scope, receive, send_with_cors)
+        finally:
+            service.in_flight -= 1
+
+
+def create_app(settings: HttpSettings, start_engine: Callable[[], Any]) -> ASGIApp:
+    """The HTTP face of an engine, as an ASGI app (run it with uvicorn, or ``serve``).
+
+    ``start_engine`` is called once at startup, in a worker thread, and returns the
+    engine handle: a ``ServerActor`` ref, a ``Supervisor`` or a ``ServerPool``; it is
+    stopped at shutdown. Until it has loaded, every request gets 503.
+    """
+    service = Service(settings, start_engine)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        # Serve at once (503 while loading, as llama-server does); load beside it.
+        loading = asyncio.create_task(service.start())
+        try:
+            yield
+        finally:
+            loading.cancel()
+            await asyncio.to_thread(service.close)
+
+    app = Starlette(
+        routes=_routes(),
+        lifespan=lifespan,
+        exception_handlers={404: _http_error, 405: _http_error},
+    )
+    app.state.service = service
+    gate = _Gate(app, service)
+    gate.service = service
+    return gate

@@ -1,0 +1,77 @@
+"""Errors as llama-server and the OpenAI API send them: ``{"error": {"code", "message",
+"type"}}`` with the matching status, never a traceback.
+
+Runs on the event loop. Every engine error maps to one status here, so a handler only
+raises (``HttpError`` or an ``EngineError``) and the app turns it into a response.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from starlette.responses import Response
+
+from actors import (
+    ConfigError,
+    EngineError,
+    EngineStopped,
+    InvalidRequest,
+    QueueFull,
+    RequestTimeout,
+)
+
+__all__ = ["HttpError", "error_body", "error_response", "from_engine_error"]
+
+# llama-server's error types (server-common.h, format_error_response).
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+# How long a client should wait before retrying a 503 (queue full, loading, draining).
+RETRY_AFTER_S = 1
+
+
+class HttpError(Exception):
+    """An error with its HTTP status, raised by handlers and turned into a response."""
+
+    def __init__(self, status: int, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def error_body(status: int, message: str) -> bytes:
+    """The JSON body llama-server sends for an error."""
+    payload = {"error": {"code": status, "message": message, "type": _TYPES.get(status, "server_error")}}
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error_response(error: HttpError) -> Response:
+    """The response for ``error``; a 503 says when to retry."""
+    headers = dict(error.headers)
+    if error.status == 503:
+        headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+    return Response(
+        error_body(error.status, error.message),
+        status_code=error.status,
+        headers=headers,
+        media_type="application/json; charset=utf-8",
+    )
+
+
+def from_engine_error(error: EngineError) -> HttpError:
+    """The HTTP face of an engine error: 400 for a bad request, 503 while the engine
+    cannot take it (full queue, stopped, draining, no answer in time), 500 for a
+    failure of the engine itself."""
+    if isinstance(error, InvalidRequest | ConfigError):
+        return HttpError(400, str(error))
+    if isinstance(error, QueueFull | EngineStopped | RequestTimeout):
+        return HttpError(503, str(error))
+    return HttpError(500, f"the engine failed: {error}")

@@ -1,0 +1,179 @@
+"""Running one generation for a handler: awaited whole, or opened as a stream whose
+first event has arrived (so admission errors still get their status code), and the
+pieces both APIs report (timings, stop types, log-probabilities).
+
+Runs on the event loop, through the public asyncio helpers of ``actors``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+from actors import (
+    Completion,
+    Done,
+    EngineError,
+    Token,
+    TokenLogprob,
+    achat,
+    agenerate,
+    astream_events,
+)
+from actors.http._errors import HttpError, error_body, from_engine_error
+from actors.http._service import Service
+from actors.http._stream import unless_disconnected
+
+__all__ = [
+    "Opened",
+    "complete",
+    "dumps",
+    "finish_reason",
+    "logprobs_json",
+    "open_stream",
+    "sse",
+    "stop_type",
+    "timings",
+]
+
+Prompt = str | Sequence[int]
+Messages = Sequence[Mapping[str, str]]
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON, UTF-8 (as llama-server sends it)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def sse(value: Any) -> bytes:
+    """One server-sent event carrying ``value`` as JSON."""
+    return b"data: " + dumps(value) + b"\n\n"
+
+
+def _engine(service: Service) -> Any:
+    if service.engine is None or not service.ready:
+        raise HttpError(503, "Loading model")
+    return service.engine
+
+
+async def complete(
+    service: Service,
+    request: Any,
+    *,
+    prompt: Prompt | None,
+    messages: Messages | None,
+    options: dict[str, Any],
+) -> Completion:
+    """The whole ``Completion``; the request is cancelled if the client leaves first."""
+    engine = _engine(service)
+    try:
+        if messages is not None:
+            return await unless_disconnected(request, achat(engine, messages, **options))
+        assert prompt is not None
+        return await unless_disconnected(request, agenerate(engine, prompt, **options))
+    except EngineError as e:
+        raise from_engine_error(e) from None
+
+
+class Opened:
+    """A stream whose first event has arrived: iterate ``events`` for all of them."""
+
+    def __init__(self, first: Token | Done, rest: AsyncIterator[Token | Done]) -> None:
+        self._first: Token | Done | None = first
+        self._rest = rest
+
+    async def events(self) -> AsyncIterator[Token | Done]:
+        """Every event, the first included; a failure mid-stream raises ``HttpError``."""
+        try:
+            if self._first is not None:
+                first, self._first = self._first, None
+                yield first
+                if isinstance(first, Done):
+                    return
+            async for event in self._rest:
+                yield event
+        except EngineError as e:
+            raise from_engine_error(e) from None
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel the request if it has not finished (idempotent)."""
+        close: Callable[[], Any] | None = getattr(self._rest, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def open_stream(
+    service: Service,
+    request: Any,
+    *,
+    prompt: Prompt | None,
+    messages: Messages | None,
+    options: dict[str, Any],
+) -> Opened:
+    """Start a streamed request and wait for its first event (or its error)."""
+    engine = _engine(service)
+    events = astream_events(engine, prompt, messages=messages, **options)
+    try:
+        first = await unless_disconnected(request, events.__anext__())
+    except EngineError as e:
+        await events.aclose()  # type: ignore[attr-defined]
+        raise from_engine_error(e) from None
+    except BaseException:
+        await events.aclose()  # type: ignore[attr-defined]
+        raise
+    return Opened(first, events)
+
+
+def error_event(error: HttpError) -> bytes:
+    """An error after the stream began: an event with llama-server's error body."""
+    return b"data: " + error_body(error.status, error.message) + b"\n\n"
+
+
+def stop_type(completion: Completion) -> str:
+    """llama-server's ``stop_type``: ``eos``, ``word``, ``limit`` or ``none``."""
+    return {"eog": "eos", "stop": "word", "max_tokens": "limit", "length": "limit"}.get(
+        completion.stop_reason, "none"
+    )
+
+
+def finish_reason(completion: Completion) -> str:
+    """OpenAI's ``finish_reason``: ``stop`` for an end token or a stop string, else ``length``."""
+    return "stop" if completion.stop_reason in ("eog", "stop") else "length"
+
+
+def timings(completion: Completion) -> dict[str, float | int]:
+    """llama-server's ``timings``: prompt from admission to the first token, then decoding."""
+    cache_n = completion.prefix_cache_tokens
+    prompt_n = completion.prompt_tokens - cache_n
+    prompt_ms = completion.ttft_ms
+    predicted_n = completion.generated_tokens
+    predicted_ms = max(completion.duration_ms - completion.ttft_ms, 0.0)
+    return {
+        "cache_n": cache_n,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": 1000.0 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+    }
+
+
+def _probability(token_id: int, text: str, logprob: float) -> dict[str, Any]:
+    return {"id": token_id, "token": text, "bytes": list(text.encode()), "logprob": logprob}
+
+
+def logprobs_json(logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """llama-server's list of per-token probabilities (``n_probs``, ``logprobs``)."""
+    return [
+        {
+            **_probability(p.token_id, p.text, p.logprob),
+            "top_logprobs": [_probability(t.token_id, t.text, t.logprob) for t in p.top],
+        }
+        for p in logprobs
+    ]

@@ -1,0 +1,125 @@
+"""What the server says about itself: ``/health``, ``/models``, ``/props``, ``/slots``
+and ``/metrics``, in llama-server's shapes.
+
+Handlers run on the event loop; the engine's load comes from ``GetStats`` in a worker
+thread, and the slots from the last ``tick`` signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+import actors
+from actors import GetStats
+from actors.http._errors import HttpError
+from actors.http._native import generation_settings, json_response
+from actors.http._service import Service
+
+__all__ = ["health", "metrics", "models", "props", "slots"]
+
+
+def _service(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+async def health(request: Request) -> Response:
+    """``GET /health``: 200 once the model has loaded (the gate answers 503 before)."""
+    return json_response({"status": "ok"})
+
+
+async def models(request: Request) -> Response:
+    """``GET /v1/models``: the model under its names (OpenAI's list, llama-server's fields)."""
+    service = _service(request)
+    info = service.info
+    created = int(service.t_started)
+    ids = service.model_ids
+    data = {
+        "id": ids[0],
+        "aliases": list(ids),
+        "tags": list(service.settings.tags),
+        "object": "model",
+        "created": created,
+        "owned_by": "llamacpp",
+        "meta": {"n_vocab": info.get("n_vocab"), "n_ctx_train": info.get("n_ctx_train")},
+    }
+    listing = {"name": ids[0], "model": ids[0], "modified_at": "", "size": "", "digest": "", "type": "model"}
+    return json_response({"models": [listing], "object": "list", "data": [data]})
+
+
+async def _stats(service: Service) -> dict[str, Any]:
+    try:
+        stats = await asyncio.to_thread(service.engine.ask, GetStats(), timeout=10)
+    except Exception as e:
+        raise HttpError(503, f"the engine did not answer: {e}") from None
+    return dict(stats)
+
+
+async def props(request: Request) -> Response:
+    """``GET /props``: the server's settings, as llama-server reports them."""
+    service = _service(request)
+    defaults = {
+        "max_tokens": service.limits.n_ctx_slot
+        if service.settings.n_predict < 0
+        else service.settings.n_predict
+    }
+    return json_response(
+        {
+            "default_generation_settings": {
+                "n_ctx": service.n_ctx_slot,
+                "params": generation_settings(service, defaults, stream=False),
+            },
+            "total_slots": service.total_slots,
+            "model_alias": service.model_ids[0],
+            "model_path": service.model_path,
+            "modalities": {"vision": False, "audio": False},
+            "chat_template": "",
+            "build_info": f"llama-cpp-actors {actors.__version__}",
+            "is_sleeping": False,
+        }
+    )
+
+
+async def slots(request: Request) -> Response:
+    """``GET /slots``: each slot's state as the last tick left it (501 without ``--slots``)."""
+    service = _service(request)
+    if not service.settings.slots:
+        raise HttpError(501, "This server does not support slots endpoint. Start it with `--slots`")
+    listing = []
+    for index, sample in enumerate(service.slots()):
+        busy = sample is not None and sample.state != "idle"
+        listing.append(
+            {
+                "id": index,
+                "id_task": -1,
+                "n_ctx": service.n_ctx_slot,
+                "speculative": False,
+                "is_processing": busy,
+                "state": sample.state if sample is not None else "idle",
+                "n_tokens": sample.kv_tokens if sample is not None else 0,
+                "next_token": [
+                    {
+                        "has_next_token": busy,
+                        "n_decoded": sample.generated_tokens if sample is not None else 0,
+                    }
+                ],
+            }
+        )
+    return json_response(listing)
+
+
+async def metrics(request: Request) -> Response:
+    """``GET /metrics``: Prometheus text (501 without ``--metrics``)."""
+    service = _service(request)
+    if service.metrics is None:
+        raise HttpError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+    text = await asyncio.to_thread(service.metrics.render)
+    return Response(
+        text,
+        media_type="text/plain; version=0.0.4",
+        headers={"Process-Start-Time-Unix": str(int(service.t_started))},
+    )

@@ -1,0 +1,244 @@
+"""llama.cpp's native API: ``POST /completion``, ``/tokenize``, ``/detokenize`` and
+``/apply-template``, with llama-server's request fields and response shapes.
+
+Handlers run on the event loop; the engine is reached only through the public helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actors import Completion, Done, EngineError, Token
+from actors.http._errors import HttpError, from_engine_error
+from actors.http._generation import (
+    Opened,
+    complete,
+    dumps,
+    error_event,
+    logprobs_json,
+    open_stream,
+    sse,
+    stop_type,
+    timings,
+)
+from actors.http._params import _OFF_VALUES, max_tokens, sampling_options
+from actors.http._service import Service
+from actors.http._stream import EventStream
+
+__all__ = ["apply_template", "completion", "detokenize", "json_response", "tokenize"]
+
+_SEED_RANDOM = 0xFFFFFFFF
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    """A JSON response as llama-server sends it."""
+    return Response(dumps(value), status_code=status, media_type="application/json; charset=utf-8")
+
+
+def prompt_of(value: object) -> str | list[int]:
+    """``prompt`` as text or token ids (a one-element list of either is unwrapped)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(type(t) is int for t in value):
+        return value
+    if isinstance(value, list) and value and all(isinstance(p, str | list) for p in value):
+        raise HttpError(400, "several prompts in one request are not supported; send one request each")
+    raise HttpError(400, "'prompt' must be a string or a list of token ids")
+
+
+def generation_settings(service: Service, options: Mapping[str, Any], stream: bool) -> dict[str, Any]:
+    """llama-server's ``generation_settings``: the request's options over the server's defaults."""
+    defaults = service.info.get("sampling", {})
+
+    def value(name: str) -> Any:
+        return options.get(name, defaults.get(name))
+
+    seed = value("seed")
+    return {
+        "n_ctx": service.n_ctx_slot,
+        "n_predict": options["max_tokens"],
+        "max_tokens": options["max_tokens"],
+        "seed": _SEED_RANDOM if seed is None else seed,
+        "temperature": value("temp"),
+        "top_k": value("top_k"),
+        "top_p": value("top_p"),
+        "min_p": value("min_p"),
+        "repeat_last_n": value("penalty_last_n"),
+        "repeat_penalty": value("penalty_repeat"),
+        "presence_penalty": value("penalty_present"),
+        "frequency_penalty": value("penalty_freq"),
+        "n_keep": options.get("n_keep", 0),
+        "ignore_eos": bool(options.get("ignore_eos", False)),
+        "stream": stream,
+        "n_probs": options.get("logprobs") or 0,
+        "min_keep": 0,
+        "stop": list(options.get("stop") or ()),
+        # Samplers this engine does not have, at the values that turn them off.
+        **{name: off[0] for name, off in _OFF_VALUES.items() if name not in ("min_keep",)},
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "grammar": options.get("grammar", ""),
+    }
+
+
+def _final(
+    service: Service, completion: Completion, options: Mapping[str, Any], *, stream: bool, tokens: bool
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "index": 0,
+        "content": "" if stream else completion.text,
+        "tokens": list(completion.token_ids) if tokens and not stream else [],
+        "id_slot": -1,
+        "stop": True,
+        "model": service.model_ids[0],
+        "tokens_predicted": completion.generated_tokens,
+        "tokens_evaluated": completion.prompt_tokens,
+        "generation_settings": generation_settings(service, options, stream),
+        "prompt": "",
+        "has_new_line": "\n" in completion.text,
+        "truncated": False,
+        "stop_type": stop_type(completion),
+        "stopping_word": completion.stop_string or "",
+        "tokens_cached": completion.prompt_tokens + completion.generated_tokens,
+        "timings": timings(completion),
+    }
+    if not stream and completion.logprobs:
+        body["completion_probabilities"] = logprobs_json(completion.logprobs)
+    return body
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    body = request.state.json
+    if not isinstance(body, dict):
+        raise HttpError(400, "the request body must be a JSON object")
+    return body
+
+
+def completion_options(service: Service, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine options of a native ``/completion`` body."""
+    options = sampling_options(body, service.tokenize)
+    requested = body.get("n_predict", body.get("max_tokens"))
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
+        raise HttpError(400, "'n_predict' must be an integer")
+    options["max_tokens"] = max_tokens(requested, service.limits)
+    return options
+
+
+async def completion(request: Request) -> Response | EventStream:
+    """``POST /completion`` (and ``/completions``): llama.cpp's native completion."""
+    service: Service = request.app.state.service
+    body = await _body(request)
+    if "prompt" not in body:
+        raise HttpError(400, "'prompt' is required")
+    prompt = prompt_of(body["prompt"])
+    options = completion_options(service, body)
+    stream = body.get("stream") is True
+    return_tokens = body.get("return_tokens") is True
+    if not stream:
+        done = await complete(service, request, prompt=prompt, messages=None, options=options)
+        return json_response(_final(service, done, options, stream=False, tokens=return_tokens))
+    opened = await open_stream(service, request, prompt=prompt, messages=None, options=options)
+    return EventStream(_native_events(service, opened, options))
+
+
+async def _native_events(
+    service: Service, opened: Opened, options: Mapping[str, Any]
+) -> AsyncIterator[bytes]:
+    n_predicted = 0
+    try:
+        async for event in opened.events():
+            if isinstance(event, Token):
+                n_predicted += 1
+                chunk: dict[str, Any] = {
+                    "index": 0,
+                    "content": event.text,
+                    "tokens": [event.token_id],
+                    "stop": False,
+                    "id_slot": -1,
+                    "tokens_predicted": n_predicted,
+                }
+                if event.logprob is not None:
+                    chunk["completion_probabilities"] = logprobs_json([event.logprob])
+                yield sse(chunk)
+            elif isinstance(event, Done):
+                yield sse(_final(service, event.completion, options, stream=True, tokens=False))
+    except HttpError as e:
+        yield error_event(e)
+
+
+def _special(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise HttpError(400, f"'{name}' must be true or false")
+    return value
+
+
+async def tokenize(request: Request) -> Response:
+    """``POST /tokenize``: ``{"content", "add_special", "parse_special", "with_pieces"}``."""
+    service: Service = request.app.state.service
+    body = await _body(request)
+    content = body.get("content", "")
+    if not isinstance(content, str):
+        raise HttpError(400, "'content' must be a string")
+    tokenizer = service.need_tokenizer()
+    try:
+        ids = tokenizer.tokenize(
+            content,
+            add_special=_special(body, "add_special", False),
+            parse_special=_special(body, "parse_special", True),
+        )
+    except EngineError as e:
+        raise from_engine_error(e) from None
+    if not _special(body, "with_pieces", False):
+        return json_response({"tokens": ids})
+    pieces: list[dict[str, Any]] = []
+    for token in ids:
+        text = tokenizer.detokenize([token])
+        piece: str | list[int] = text
+        if "\ufffd" in text:  # not valid UTF-8 alone: llama-server sends its bytes
+            piece = list(text.encode("utf-8", "replace"))
+        pieces.append({"id": token, "piece": piece})
+    return json_response({"tokens": pieces})
+
+
+def _token_ids(value: object) -> Sequence[int]:
+    if not isinstance(value, list) or not all(type(t) is int for t in value):
+        raise HttpError(400, "'tokens' must be a list of token ids")
+    return value
+
+
+async def detokenize(request: Request) -> Response:
+    """``POST /detokenize``: ``{"tokens": [...]}`` to ``{"content": "..."}``."""
+    service: Service = request.app.state.service
+    body = await _body(request)
+    ids = _token_ids(body.get("tokens", []))
+    tokenizer = service.need_tokenizer()
+    bad = [t for t in ids if not 0 <= t < tokenizer.n_vocab]
+    if bad:
+        raise HttpError(400, f"token id {bad[0]} is outside the vocabulary (n_vocab={tokenizer.n_vocab})")
+    try:
+        return json_response({"content": tokenizer.detokenize(ids)})
+    except EngineError as e:
+        raise from_engine_error(e) from None
+
+
+async def apply_template(request: Request) -> Response:
+    """``POST /apply-template``: the chat template applied to ``messages``, as ``prompt``."""
+    from actors.http._params import chat_messages
+
+    service: Service = request.app.state.service
+    body = await _body(request)
+    messages = chat_messages(body.get("messages"))
+    tokenizer = service.need_tokenizer()
+    try:
+        prompt = tokenizer.apply_chat_template(messages)
+    except EngineError as e:
+        raise from_engine_error(e) from None
+    return json_response({"prompt": prompt})

@@ -1,0 +1,236 @@
+"""The OpenAI API: ``POST /v1/completions`` and ``/v1/chat/completions``, streamed as
+server-sent events ending in ``data: [DONE]``, with llama-server's extensions
+(``timings``, its native sampling fields).
+
+Handlers run on the event loop; the engine is reached only through the public helpers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+import actors
+from actors import Completion, Done, Token
+from actors.http._errors import HttpError
+from actors.http._generation import (
+    Opened,
+    complete,
+    error_event,
+    finish_reason,
+    logprobs_json,
+    open_stream,
+    sse,
+    timings,
+)
+from actors.http._native import json_response, prompt_of
+from actors.http._params import chat_messages, max_tokens, sampling_options
+from actors.http._service import Service
+from actors.http._stream import EventStream
+
+__all__ = ["chat_completions", "completions"]
+
+_FINGERPRINT = f"llama-cpp-actors-{actors.__version__}"
+_DONE = b"data: [DONE]\n\n"
+
+
+def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
+    n = body.get("n", 1)
+    if n != 1:
+        raise HttpError(400, "only n=1 is supported")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise HttpError(400, f"'{name}' is not supported by this server")
+    if not chat and body.get("echo"):
+        raise HttpError(400, "'echo' is not supported by this server")
+    if not chat and body.get("suffix"):
+        raise HttpError(400, "'suffix' is not supported by this server")
+    options = sampling_options(body, service.tokenize)
+    requested = body.get("max_completion_tokens", body.get("max_tokens", body.get("n_predict")))
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
+        raise HttpError(400, "'max_tokens' must be an integer")
+    options["max_tokens"] = max_tokens(requested, service.limits)
+    logprobs = body.get("logprobs")
+    if chat and logprobs is True:
+        top = body.get("top_logprobs", 0)
+        if isinstance(top, bool) or not isinstance(top, int):
+            raise HttpError(400, "'top_logprobs' must be an integer")
+        options["logprobs"] = top
+    elif not chat and logprobs is not None and logprobs is not False:
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int):
+            raise HttpError(400, "'logprobs' must be an integer")
+        options["logprobs"] = logprobs
+    response_format = body.get("response_format")
+    if response_format is not None:
+        options.update(_response_format(response_format))
+    user = body.get("user")
+    if isinstance(user, str) and user and "cache_scope" not in options:
+        options["cache_scope"] = f"user:{user}"
+    return options
+
+
+def _response_format(value: object) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise HttpError(400, "'response_format' must be an object")
+    kind = value.get("type")
+    if kind in (None, "text"):
+        return {}
+    if kind == "json_object":
+        schema = value.get("schema") or {"type": "object"}
+    elif kind == "json_schema":
+        inner = value.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, Mapping) else None
+        if schema is None:
+            schema = value.get("schema")
+        if schema is None:
+            raise HttpError(400, "response_format json_schema needs a 'json_schema.schema'")
+    else:
+        raise HttpError(400, f"response_format type {str(kind)[:40]!r} is not supported")
+    if not isinstance(schema, Mapping):
+        raise HttpError(400, "the response_format schema must be an object")
+    return {"json_schema": schema}
+
+
+def _model(service: Service, body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    return model if isinstance(model, str) and model else service.model_ids[0]
+
+
+def _usage(completion: Completion) -> dict[str, Any]:
+    return {
+        "completion_tokens": completion.generated_tokens,
+        "prompt_tokens": completion.prompt_tokens,
+        "total_tokens": completion.generated_tokens + completion.prompt_tokens,
+        "prompt_tokens_details": {"cached_tokens": completion.prefix_cache_tokens},
+    }
+
+
+def _envelope(kind: str, cmpl_id: str, model: str) -> dict[str, Any]:
+    return {
+        "id": cmpl_id,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": _FINGERPRINT,
+    }
+
+
+def _include_usage(body: Mapping[str, Any]) -> bool:
+    stream_options = body.get("stream_options")
+    return isinstance(stream_options, Mapping) and stream_options.get("include_usage") is True
+
+
+async def completions(request: Request) -> Response | EventStream:
+    """``POST /v1/completions``: OpenAI's (legacy) text completion."""
+    service: Service = request.app.state.service
+    body = request.state.json
+    if not isinstance(body, dict):
+        raise HttpError(400, "the request body must be a JSON object")
+    if "prompt" not in body:
+        raise HttpError(400, "'prompt' is required")
+    prompt = prompt_of(body["prompt"])
+    options = _options(service, body, chat=False)
+    cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", _model(service, body)
+    if body.get("stream") is not True:
+        done = await complete(service, request, prompt=prompt, messages=None, options=options)
+        choice = {
+            "text": done.text,
+            "index": 0,
+            "logprobs": {"content": logprobs_json(done.logprobs)} if done.logprobs else None,
+            "finish_reason": finish_reason(done),
+        }
+        return json_response(
+            {
+                **_envelope("text_completion", cmpl_id, model),
+                "choices": [choice],
+                "usage": _usage(done),
+                "timings": timings(done),
+            }
+        )
+    opened = await open_stream(service, request, prompt=prompt, messages=None, options=options)
+    return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body)))
+
+
+async def _completion_events(opened: Opened, cmpl_id: str, model: str, usage: bool) -> AsyncIterator[bytes]:
+    envelope = _envelope("text_completion", cmpl_id, model)
+    try:
+        async for event in opened.events():
+            if isinstance(event, Token):
+                logprobs = {"content": logprobs_json([event.logprob])} if event.logprob else None
+                choice = {"text": event.text, "index": 0, "logprobs": logprobs, "finish_reason": None}
+                yield sse({**envelope, "choices": [choice]})
+            elif isinstance(event, Done):
+                done = event.completion
+                last = {"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(done)}
+                final: dict[str, Any] = {**envelope, "choices": [last], "timings": timings(done)}
+                if usage:
+                    final["usage"] = _usage(done)
+                yield sse(final)
+    except HttpError as e:
+        yield error_event(e)
+    yield _DONE
+
+
+async def chat_completions(request: Request) -> Response | EventStream:
+    """``POST /v1/chat/completions``: OpenAI's chat completion, rendered with the model's template."""
+    service: Service = request.app.state.service
+    body = request.state.json
+    if not isinstance(body, dict):
+        raise HttpError(400, "the request body must be a JSON object")
+    messages = chat_messages(body.get("messages"))
+    options = _options(service, body, chat=True)
+    cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", _model(service, body)
+    if body.get("stream") is not True:
+        done = await complete(service, request, prompt=None, messages=messages, options=options)
+        choice: dict[str, Any] = {
+            "finish_reason": finish_reason(done),
+            "index": 0,
+            "message": {"role": "assistant", "content": done.text},
+        }
+        if done.logprobs:
+            choice["logprobs"] = {"content": logprobs_json(done.logprobs)}
+        return json_response(
+            {
+                **_envelope("chat.completion", cmpl_id, model),
+                "choices": [choice],
+                "usage": _usage(done),
+                "timings": timings(done),
+            }
+        )
+    opened = await open_stream(service, request, prompt=None, messages=messages, options=options)
+    return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body)))
+
+
+async def _chat_events(opened: Opened, cmpl_id: str, model: str, usage: bool) -> AsyncIterator[bytes]:
+    envelope = _envelope("chat.completion.chunk", cmpl_id, model)
+
+    def chunk(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
+        choice = {"finish_reason": None, "index": 0, "delta": delta, **(extra or {})}
+        return sse({**envelope, "choices": [choice]})
+
+    yield chunk({"role": "assistant", "content": None})
+    try:
+        async for event in opened.events():
+            if isinstance(event, Token):
+                if event.text or event.logprob:
+                    extra = {"logprobs": {"content": logprobs_json([event.logprob])}} if event.logprob else {}
+                    yield chunk({"content": event.text}, extra)
+            elif isinstance(event, Done):
+                done = event.completion
+                final: dict[str, Any] = {
+                    **envelope,
+                    "choices": [{"finish_reason": finish_reason(done), "index": 0, "delta": {}}],
+                }
+                if usage:
+                    yield sse(final)
+                    final = {**envelope, "choices": [], "usage": _usage(done)}
+                final["timings"] = timings(done)
+                yield sse(final)
+    except HttpError as e:
+        yield error_event(e)
+    yield _DONE

@@ -1,0 +1,234 @@
+"""From a request's JSON to the engine's options: llama.cpp's native fields and the
+OpenAI ones, with llama-server's meaning, checked for type before the engine's own
+checks run (which then give ranges, sizes and combinations their 400).
+
+Runs on the event loop; pure functions of the JSON body and the server's limits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from actors.http._errors import HttpError
+
+__all__ = ["Limits", "chat_messages", "max_tokens", "sampling_options"]
+
+# Scopes of requests that asked not to share their KV (cache_prompt: false).
+_PRIVATE_SCOPES = itertools.count()
+
+# llama-server's "random seed" (LLAMA_DEFAULT_SEED); our engine takes None for it.
+_RANDOM_SEED = 0xFFFFFFFF
+
+# Sampler settings llama.cpp has and this engine does not: accepted at the value that
+# turns them off (what clients send by default), refused otherwise, never ignored.
+_OFF_VALUES: dict[str, tuple[float, ...]] = {
+    "mirostat": (0,),
+    "typical_p": (1.0,),
+    "dynatemp_range": (0.0,),
+    "xtc_probability": (0.0,),
+    "dry_multiplier": (0.0,),
+    "top_n_sigma": (-1.0,),
+    "min_keep": (0, 1),
+    "n_indent": (0,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a request may ask for on this server (from ``HttpSettings`` and the engine)."""
+
+    n_predict: int
+    """The server's cap for generated tokens (``-n``), -1 for none."""
+    n_ctx_slot: int
+    """One slot's context: no request can generate more."""
+
+
+def _fail(message: str) -> HttpError:
+    return HttpError(400, message)
+
+
+def _number(body: Mapping[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(f"'{name}' must be a number")
+    if not math.isfinite(value):
+        raise _fail(f"'{name}' must be finite")
+    return float(value)
+
+
+def _int(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"'{name}' must be an integer")
+    return value
+
+
+def _bool(body: Mapping[str, Any], name: str) -> bool | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise _fail(f"'{name}' must be true or false")
+    return value
+
+
+def _stop(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value] if value else None
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise _fail("'stop' must be a string or a list of strings")
+    return [s for s in value if s] or None
+
+
+def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int, float] | None:
+    """llama-server's forms: ``{"15043": 1.0}``, ``[[15043, 1.0]]``, ``[["Hello", -0.5]]``;
+    a bias of ``false`` bans the token."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, list):
+        if not all(isinstance(p, list) and len(p) == 2 for p in value):
+            raise _fail("'logit_bias' as a list takes [token, bias] pairs")
+        pairs = [(p[0], p[1]) for p in value]
+    else:
+        raise _fail("'logit_bias' must be an object of token id -> bias, or a list of [token, bias]")
+    bias: dict[int, float] = {}
+    for key, raw in pairs:
+        if raw is False:
+            amount = -math.inf
+        elif isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+            raise _fail(f"logit_bias for {str(key)[:40]!r} must be a finite number or false")
+        else:
+            amount = float(raw)
+        if isinstance(key, bool):
+            raise _fail("a logit_bias token must be a token id or a string")
+        if isinstance(key, int):
+            ids = [key]
+        elif isinstance(key, str) and key.isdigit() and len(key) <= 10:
+            ids = [int(key)]
+        elif isinstance(key, str) and isinstance(value, list):
+            ids = tokenize(key)  # a piece of text: every token of it
+        else:
+            raise _fail(f"logit_bias key {key[:40]!r} is not a token id")
+        for token in ids:
+            bias[token] = amount
+    return bias or None
+
+
+def max_tokens(requested: int | None, limits: Limits) -> int:
+    """llama-server's rule: -1 (or absent) is no limit but the server's ``-n`` and the
+    slot's context; otherwise the smaller of the request's and the server's."""
+    cap = limits.n_ctx_slot if limits.n_predict < 0 else min(limits.n_predict, limits.n_ctx_slot)
+    if requested is None or requested < 0:
+        return cap
+    if requested == 0:
+        raise _fail("n_predict / max_tokens must be at least 1 (or -1 for no limit)")
+    return min(requested, cap)
+
+
+def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int]]) -> dict[str, Any]:
+    """The engine options of the sampling fields both APIs share (llama-server reads
+    its native fields on the OpenAI endpoints too)."""
+    for name, off in _OFF_VALUES.items():
+        value = body.get(name)
+        if value is not None and value not in off:
+            raise _fail(f"'{name}' is not supported by this server (only {off[0]!r}, which turns it off)")
+    options: dict[str, Any] = {}
+    for ours, theirs in (
+        ("temp", "temperature"),
+        ("top_p", "top_p"),
+        ("min_p", "min_p"),
+        ("penalty_repeat", "repeat_penalty"),
+        ("penalty_freq", "frequency_penalty"),
+        ("penalty_present", "presence_penalty"),
+    ):
+        value = _number(body, theirs)
+        if value is not None:
+            options[ours] = value
+    for ours, theirs in (("top_k", "top_k"), ("penalty_last_n", "repeat_last_n"), ("n_keep", "n_keep")):
+        number = _int(body, theirs)
+        if number is not None:
+            options[ours] = number
+    if options.get("penalty_last_n") == -1:
+        options.pop("penalty_last_n")  # llama-server: -1 is "the whole context", our cap
+    if options.get("n_keep") == -1:
+        options.pop("n_keep")
+    seed = _int(body, "seed")
+    if seed is not None and seed not in (-1, _RANDOM_SEED):
+        options["seed"] = seed
+    stop = _stop(body.get("stop"))
+    if stop:
+        options["stop"] = stop
+    ignore_eos = _bool(body, "ignore_eos")
+    if ignore_eos:
+        options["ignore_eos"] = True
+    grammar = body.get("grammar")
+    if grammar is not None and grammar != "":
+        if not isinstance(grammar, str):
+            raise _fail("'grammar' must be a string (GBNF)")
+        options["grammar"] = grammar
+    schema = body.get("json_schema")
+    if schema is not None:
+        if not isinstance(schema, Mapping):
+            raise _fail("'json_schema' must be an object (a JSON Schema)")
+        options["json_schema"] = schema
+    bias = _logit_bias(body.get("logit_bias"), tokenize)
+    if bias:
+        options["logit_bias"] = bias
+    n_probs = _int(body, "n_probs")
+    if n_probs:
+        options["logprobs"] = n_probs
+    cache_prompt = _bool(body, "cache_prompt")
+    if cache_prompt is False:
+        # Its own cache scope: it reuses no one's KV and no one reuses its own.
+        options["cache_scope"] = f"private:{next(_PRIVATE_SCOPES)}"
+    return options
+
+
+def chat_messages(value: object) -> list[dict[str, str]]:
+    """OpenAI ``messages`` as the engine's ``{"role", "content"}`` dicts: text parts are
+    joined, ``developer`` is a system message; images, audio and tools are refused."""
+    if not isinstance(value, list) or not value:
+        raise _fail("'messages' must be a non-empty list")
+    messages = []
+    for message in value:
+        if not isinstance(message, Mapping):
+            raise _fail("each message must be an object with 'role' and 'content'")
+        role = message.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise _fail(f"message role {str(role)[:40]!r} is not supported (system, user, assistant)")
+        content = message.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not isinstance(part, Mapping) or part.get("type") != "text":
+                    kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                    raise _fail(f"content parts of type {str(kind)[:40]!r} are not supported (text only)")
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise _fail("a text content part needs a string 'text'")
+                texts.append(text)
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise _fail("a message's 'content' must be a string or a list of text parts")
+        if message.get("tool_calls"):
+            raise _fail("tool calls are not supported by this server")
+        messages.append({"role": role, "content": content})
+    return messages

@@ -1,0 +1,113 @@
+"""``serve``: run the HTTP face on uvicorn until a signal drains it.
+
+SIGTERM or SIGINT starts a drain, as llama-server's users expect of a service: new
+requests get 503 at once, requests in flight finish (for up to ``drain_timeout_s``,
+then they are cancelled), the engine stops, and the process exits 0. A second signal
+stops at once. Runs in the main thread (signals are delivered there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from actors.http._app import create_app
+from actors.http._service import Service
+from actors.http._settings import HttpSettings
+
+__all__ = ["serve"]
+
+_log = logging.getLogger("llama_cpp_actors.http")
+
+# After the drain, how long uvicorn waits for the connections it still has.
+_CLOSE_GRACE_S = 2
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, with a drain before its own shutdown (the event loop's thread)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self.service = service
+        self.drain_deadline: float | None = None
+        self.failed = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: only flags here; on_tick (every 0.1 s) acts on them.
+        if self.drain_deadline is not None:
+            self.should_exit = self.force_exit = True  # a second signal: now
+            return
+        self.service.draining = True
+        self.drain_deadline = time.monotonic() + self.service.settings.drain_timeout_s
+
+    async def on_tick(self, counter: int) -> bool:
+        draining = self.drain_deadline is not None and not self.should_exit
+        if draining and (self.service.in_flight == 0 or time.monotonic() >= (self.drain_deadline or 0.0)):
+            if self.service.in_flight:
+                _log.warning("drain timed out: cancelling %d requests", self.service.in_flight)
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    def load_failed(self) -> None:
+        self.failed = True
+        self.should_exit = True
+
+
+def serve(
+    start_engine: Callable[[], Any],
+    settings: HttpSettings,
+    *,
+    hosts: Sequence[str] = ("127.0.0.1",),
+    port: int = 8080,
+    log_level: str = "warning",
+) -> int:
+    """Serve until SIGTERM/SIGINT has drained the server; the process's exit code.
+
+    Args:
+        start_engine: makes the engine (called once, in a worker thread, while the
+            server already answers 503).
+        settings: the HTTP settings.
+        hosts: the addresses to bind, each on ``port``.
+        port: the TCP port.
+        log_level: uvicorn's log level.
+
+    Returns:
+        0 after a drain, 1 when the model failed to load.
+    """
+    app = create_app(settings, start_engine)
+    service: Service = app.service  # type: ignore[attr-defined]
+    config = uvicorn.Config(
+        app,
+        host=hosts[0],
+        port=port,
+        log_level=log_level,
+        access_log=settings.verbose,
+        timeout_graceful_shutdown=_CLOSE_GRACE_S,
+        lifespan="on",
+        server_header=False,
+    )
+    server = _DrainingServer(config, service)
+    service.on_load_failed = server.load_failed
+    if len(hosts) == 1:
+        asyncio.run(server.serve())
+    else:
+        import socket
+
+        sockets = []
+        for host in hosts:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host.strip("[]"), port))
+            sockets.append(sock)
+        asyncio.run(server.serve(sockets=sockets))
+    if server.failed:
+        _log.error("exiting: %s", service.load_error)
+        return 1
+    return 0

@@ -1,0 +1,140 @@
+"""The engine as the HTTP layer sees it: the handle, what it reported at load, its
+slots as the last ``tick`` showed them, and the server's own state (loading, ready,
+draining, requests in flight).
+
+Built on the event loop; ``load`` runs in a worker thread, and the ``tick`` receiver in
+the engine's thread (it only replaces one reference).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import telemetry
+from actors import GetInfo, GetStats, GetTokenizer, Tokenizer
+from actors.http._errors import HttpError
+from actors.http._metrics import Metrics
+from actors.http._params import Limits
+from actors.http._settings import HttpSettings
+
+__all__ = ["Service"]
+
+_log = logging.getLogger("llama_cpp_actors.http")
+
+# How long one call to the engine for its metadata may take (the model loads first).
+_LOAD_TIMEOUT_S = 600.0
+_CALL_TIMEOUT_S = 30.0
+
+
+class Service:
+    """Everything a handler needs besides its request (event loop, except where noted).
+
+    Args:
+        settings: the HTTP settings.
+        start_engine: makes the engine handle (a ServerActor ref, a Supervisor or a
+            ServerPool); called once, in a worker thread, by :meth:`load`.
+    """
+
+    def __init__(self, settings: HttpSettings, start_engine: Callable[[], Any]) -> None:
+        self.settings = settings
+        self._start_engine = start_engine
+        self.engine: Any = None
+        self.tokenizer: Tokenizer | None = None
+        self.info: dict[str, Any] = {}
+        self.stats: dict[str, Any] = {}
+        self.load_error: BaseException | None = None
+        self.ready = False
+        self.on_load_failed: Callable[[], None] | None = None
+        self.draining = False
+        self.in_flight = 0
+        self.t_started = time.time()
+        self._slots: dict[Any, tuple[telemetry.SlotSample, ...]] = {}
+        self._subscription: telemetry.Subscription | None = None
+        if settings.slots:
+            self._subscription = telemetry.Subscription({telemetry.tick: self._on_tick})
+        self.metrics = Metrics() if settings.metrics else None
+
+    # -- loading (a worker thread) ---------------------------------------------------
+
+    def load(self) -> None:
+        """Start the engine and read its metadata; a failure is kept in ``load_error``."""
+        try:
+            engine = self._start_engine()
+            self.engine = engine
+            self.info = dict(engine.ask(GetInfo(), timeout=_LOAD_TIMEOUT_S))
+            self.stats = dict(engine.ask(GetStats(), timeout=_CALL_TIMEOUT_S))
+            self.tokenizer = engine.ask(GetTokenizer(), timeout=_CALL_TIMEOUT_S)
+        except BaseException as e:  # reported by the server, which then exits
+            self.load_error = e
+            _log.error("the model failed to load: %s", e)
+
+    async def start(self) -> None:
+        """Load in a worker thread, so ``/health`` answers 503 meanwhile; on failure
+        call ``on_load_failed`` (the server then exits)."""
+        await asyncio.to_thread(self.load)
+        self.ready = self.load_error is None
+        if self.load_error is not None and self.on_load_failed is not None:
+            self.on_load_failed()
+
+    def close(self) -> None:
+        """Stop the engine (lifespan shutdown)."""
+        if self._subscription is not None:
+            self._subscription.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.engine is not None:
+            try:
+                self.engine.stop(timeout=30)
+            except Exception as e:
+                _log.warning("stopping the engine: %s", e)
+
+    # -- what handlers read ----------------------------------------------------------
+
+    @property
+    def model_path(self) -> str:
+        return str(self.info.get("model_path") or "")
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The names the model answers to, llama-server's way: the aliases sorted, or
+        the model file's name."""
+        if self.settings.model_ids:
+            return tuple(sorted(set(self.settings.model_ids)))
+        return (os.path.basename(self.model_path) or "model",)
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return int(self.stats.get("n_ctx_per_slot") or self.info.get("n_ctx") or 1)
+
+    @property
+    def total_slots(self) -> int:
+        return int(self.stats.get("active_slots", 0)) + int(self.stats.get("idle_slots", 0))
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(n_predict=self.settings.n_predict, n_ctx_slot=self.n_ctx_slot)
+
+    def need_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise HttpError(503, "Loading model")
+        return self.tokenizer
+
+    def tokenize(self, text: str) -> list[int]:
+        """Tokens of a piece of text, without BOS (for logit_bias keys)."""
+        return self.need_tokenizer().tokenize(text, add_special=False, parse_special=False)
+
+    def slots(self) -> list[telemetry.SlotSample | None]:
+        """Every slot as the last tick saw it, engines in the order they first ticked;
+        None for the slots of an engine that has not ticked yet."""
+        samples = [s for per_engine in list(self._slots.values()) for s in per_engine]
+        missing = self.total_slots - len(samples)
+        return [*samples, *([None] * max(missing, 0))]
+
+    def _on_tick(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        # The engine's thread: one dict assignment.
+        self._slots[metadata.get("replica", sender)] = metadata["slots"]

@@ -1,0 +1,82 @@
+"""``HttpSettings``: how the HTTP face behaves, built by the command line from
+llama-server's flags (or by hand for ``create_app``).
+
+Frozen and checked on construction (the caller's thread), like every message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actors import ConfigError
+
+__all__ = ["HttpSettings"]
+
+# A prompt may be up to 16 Mi characters (actors' MAX_PROMPT_CHARS); a JSON body
+# carrying one, escaped, fits in twice that.
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpSettings:
+    """What the HTTP layer needs to know besides the engine.
+
+    Attributes:
+        model_ids: the names ``/v1/models`` lists and requests may use (llama-server's
+            ``--alias``, comma-separated there); empty: the model file's name.
+        tags: llama-server's ``--tags``, listed with the model.
+        api_keys: accepted keys (``Authorization: Bearer <key>`` or ``X-Api-Key``);
+            empty: no key needed. ``/health`` never needs one.
+        metrics: serve ``GET /metrics`` (Prometheus text).
+        slots: serve ``GET /slots``.
+        cors_origins: ``*`` (with credentials: the request's Origin is echoed, as
+            llama-server does), ``localhost`` (echo only a localhost Origin), or a
+            comma-separated list sent as is.
+        cors_methods: the preflight's ``Access-Control-Allow-Methods``.
+        cors_headers: the preflight's ``Access-Control-Allow-Headers``.
+        cors_credentials: the preflight's ``Access-Control-Allow-Credentials``.
+        n_predict: the server's default and cap for tokens per request (llama-server's
+            ``-n``); -1: up to the context of a slot.
+        max_body_bytes: larger request bodies get 413.
+        drain_timeout_s: on SIGTERM/SIGINT, how long in-flight requests may finish.
+        chat_template_kwargs: extra variables for the chat template (``--reasoning``
+            sets ``enable_thinking``).
+        verbose: log every request.
+    """
+
+    model_ids: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    api_keys: tuple[str, ...] = ()
+    metrics: bool = False
+    slots: bool = True
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    n_predict: int = -1
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    drain_timeout_s: float = 30.0
+    chat_template_kwargs: tuple[tuple[str, bool | str], ...] = ()
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("model_ids", "tags", "api_keys"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"{name} must be a tuple of non-empty strings, got {value!r}")
+        for name in ("metrics", "slots", "cors_credentials", "verbose"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool")
+        for name in ("cors_origins", "cors_methods", "cors_headers"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a str")
+        if type(self.n_predict) is not int or self.n_predict < -1 or self.n_predict == 0:
+            raise ConfigError(f"n_predict must be -1 or an int >= 1, got {self.n_predict!r}")
+        if type(self.max_body_bytes) is not int or not 1024 <= self.max_body_bytes <= 1 << 30:
+            raise ConfigError(
+                f"max_body_bytes must be an int within [1024, 2**30], got {self.max_body_bytes!r}"
+            )
+        if not isinstance(self.drain_timeout_s, int | float) or not 0 <= self.drain_timeout_s <= 3600:
+            raise ConfigError(
+                f"drain_timeout_s must be within [0, 3600] seconds, got {self.drain_timeout_s!r}"
+            )
