@@ -11,6 +11,7 @@ and finishes, emit ``tick``. Each phase lives in the module of its idea (see
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import telemetry
 from actors.backend._faults import faults
@@ -123,8 +124,8 @@ class Engine(Admission):
             len(slot.cached),
         )
 
-    def stats(self) -> dict[str, int]:
-        """The engine's load, as ``GetStats`` returns it."""
+    def stats(self) -> dict[str, Any]:
+        """The engine's load, as ``GetStats`` returns it (``slots``: a ``SlotSample`` each)."""
         ram = self.memory.ram
         states = [slot.state for slot in self.slots]
         return {
@@ -141,4 +142,5 @@ class Engine(Admission):
             "ram_cache_entries": len(ram.entries) if ram else 0,
             "ram_cache_bytes": ram.bytes_used if ram else 0,
             "preemptions": self.preemptions,
+            "slots": tuple(self._slot_sample(slot) for slot in self.slots),
         }

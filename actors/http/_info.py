@@ -89,9 +89,10 @@ async def slots(request: Request) -> Response:
     service = _service(request)
     if not service.settings.slots:
         raise HttpError(501, "This server does not support slots endpoint. Start it with `--slots`")
+    samples = (await _stats(service)).get("slots", ())
     listing = []
-    for index, sample in enumerate(service.slots()):
-        busy = sample is not None and sample.state != "idle"
+    for index, sample in enumerate(samples):
+        busy = sample.state != "idle"
         listing.append(
             {
                 "id": index,
@@ -99,14 +100,9 @@ async def slots(request: Request) -> Response:
                 "n_ctx": service.n_ctx_slot,
                 "speculative": False,
                 "is_processing": busy,
-                "state": sample.state if sample is not None else "idle",
-                "n_tokens": sample.kv_tokens if sample is not None else 0,
-                "next_token": [
-                    {
-                        "has_next_token": busy,
-                        "n_decoded": sample.generated_tokens if sample is not None else 0,
-                    }
-                ],
+                "state": sample.state,
+                "n_tokens": sample.kv_tokens,
+                "next_token": [{"has_next_token": busy, "n_decoded": sample.generated_tokens}],
             }
         )
     return json_response(listing)

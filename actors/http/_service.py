@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import telemetry
 from actors import GetInfo, GetStats, GetTokenizer, Tokenizer
 from actors.http._errors import HttpError
 from actors.http._metrics import Metrics
@@ -53,10 +52,6 @@ class Service:
         self.draining = False
         self.in_flight = 0
         self.t_started = time.time()
-        self._slots: dict[Any, tuple[telemetry.SlotSample, ...]] = {}
-        self._subscription: telemetry.Subscription | None = None
-        if settings.slots:
-            self._subscription = telemetry.Subscription({telemetry.tick: self._on_tick})
         self.metrics = Metrics() if settings.metrics else None
 
     # -- loading (a worker thread) ---------------------------------------------------
@@ -83,8 +78,6 @@ class Service:
 
     def close(self) -> None:
         """Stop the engine (lifespan shutdown)."""
-        if self._subscription is not None:
-            self._subscription.close()
         if self.metrics is not None:
             self.metrics.close()
         if self.engine is not None:
@@ -127,14 +120,3 @@ class Service:
     def tokenize(self, text: str) -> list[int]:
         """Tokens of a piece of text, without BOS (for logit_bias keys)."""
         return self.need_tokenizer().tokenize(text, add_special=False, parse_special=False)
-
-    def slots(self) -> list[telemetry.SlotSample | None]:
-        """Every slot as the last tick saw it, engines in the order they first ticked;
-        None for the slots of an engine that has not ticked yet."""
-        samples = [s for per_engine in list(self._slots.values()) for s in per_engine]
-        missing = self.total_slots - len(samples)
-        return [*samples, *([None] * max(missing, 0))]
-
-    def _on_tick(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
-        # The engine's thread: one dict assignment.
-        self._slots[metadata.get("replica", sender)] = metadata["slots"]

@@ -360,7 +360,9 @@ class ServerPool:
         totals: dict[str, Any] = {}
         for stats in per.values():
             for key, value in (stats or {}).items():
-                if key not in _PER_REPLICA:
+                if key == "slots":  # every replica's, in replica order
+                    totals[key] = totals.get(key, ()) + value
+                elif key not in _PER_REPLICA:
                     totals[key] = totals.get(key, 0) + value
         totals["replicas"] = per
         totals["replicas_up"] = sum(1 for s in per.values() if s is not None)

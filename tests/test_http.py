@@ -1,0 +1,411 @@
+"""The HTTP face, driven by the clients people already use: the ``openai`` package (sync,
+async, streaming, errors) and raw HTTP for llama.cpp's native endpoints.
+
+One real server (the default model, uvicorn on a free port in a thread) serves most
+tests; the ones that need other settings start their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from helpers import same_greedy, wait_until
+
+from actors import GetStats, ServerActor, generate
+from actors.http import HttpSettings, create_app
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Running:
+    """An app served by uvicorn in a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, settings: HttpSettings, start_engine: Callable[[], Any]) -> None:
+        self.app = create_app(settings, start_engine)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+
+    @property
+    def engine(self) -> Any:
+        return self.app.service.engine  # type: ignore[attr-defined]
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("the server did not become ready")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def running(model_path: str) -> Iterator[Running]:
+    server = Running(
+        HttpSettings(metrics=True, model_ids=("smol",)),
+        lambda: ServerActor.start(model_path=model_path, n_parallel=4, n_ctx=4096, seed=7),
+    )
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(running: Running) -> openai.OpenAI:
+    return openai.OpenAI(base_url=running.url + "/v1", api_key="none", max_retries=0)
+
+
+def idle(running: Running) -> bool:
+    stats = running.engine.ask(GetStats())
+    return stats["active_slots"] == 0 and stats["queue_depth"] == 0
+
+
+CHAT = [{"role": "user", "content": "Name a colour."}]
+
+
+# -- the openai package ---------------------------------------------------------------
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=8, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert reply.usage is not None and reply.usage.completion_tokens <= 8
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    assert reply.model == "smol" and reply.object == "chat.completion"
+
+
+def test_chat_stream_joins_to_the_whole_answer(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": "smol", "messages": CHAT, "max_tokens": 12, "temperature": 0}
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert reasons in (["stop"], ["length"])
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens >= 1
+
+
+def test_completions_match_the_engine_greedy(running: Running, client: openai.OpenAI) -> None:
+    prompt = "The capital of France is"
+    reply = client.completions.create(model="smol", prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
+    direct = generate(running.engine, prompt, max_tokens=6, temp=0.0, logprobs=2)
+    assert reply.choices[0].logprobs is not None
+    same_greedy(direct, [t["id"] for t in reply.choices[0].logprobs.content])  # type: ignore[attr-defined]
+
+
+def test_bad_options_are_400s_with_llama_server_bodies(client: openai.OpenAI) -> None:
+    for bad in ({"temperature": "hot"}, {"max_tokens": 0}, {"top_k": -5}, {"mirostat": 2}, {"n": 3}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="smol", messages=CHAT, extra_body=bad)  # type: ignore[arg-type]
+        body = caught.value.body
+        assert isinstance(body, dict) and body["type"] == "invalid_request_error", bad
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="smol", messages=[{"role": "wizard", "content": "hi"}])  # type: ignore[list-item]
+
+
+def test_response_format_json_schema_gives_json(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+    reply = client.chat.completions.create(
+        model="smol",
+        messages=CHAT,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
+
+
+def test_async_client_streams_many_at_once(running: Running) -> None:
+    async def main() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=running.url + "/v1", api_key="none", max_retries=0)
+
+        async def one(i: int) -> str:
+            stream = await client.completions.create(
+                model="smol", prompt=f"Count to {i}:", max_tokens=8, stream=True
+            )
+            return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+
+        try:
+            return await asyncio.gather(*(one(i) for i in range(8)))
+        finally:
+            await client.close()
+
+    texts = asyncio.run(main())
+    assert len(texts) == 8 and all(isinstance(t, str) for t in texts)
+    wait_until(lambda: idle(running))
+
+
+def test_api_key_is_required_and_checked(model_path: str) -> None:
+    server = Running(
+        HttpSettings(api_keys=("sk-right",)),
+        lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=1024),
+    )
+    try:
+        server.wait_ready()
+        for key in ("sk-wrong", "sk-righ", "sk-right-"):
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0).completions.create(
+                    model="m", prompt="hi", max_tokens=1
+                )
+        good = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-right", max_retries=0)
+        assert good.completions.create(model="m", prompt="hi", max_tokens=2).choices
+        assert httpx.post(server.url + "/completion", headers={"X-Api-Key": "sk-right"}, json={
+            "prompt": "hi", "n_predict": 1}).status_code == 200  # fmt: skip
+        assert httpx.get(server.url + "/health").status_code == 200  # public
+        assert httpx.get(server.url + "/props").status_code == 401
+    finally:
+        server.stop()
+
+
+# -- llama.cpp's native API, raw ------------------------------------------------------
+
+
+def test_native_completion_fields(running: Running) -> None:
+    body = httpx.post(
+        running.url + "/completion",
+        json={"prompt": "I believe the meaning of life is", "n_predict": 8, "return_tokens": True},
+        timeout=60,
+    ).json()
+    assert body["stop"] is True and body["tokens_predicted"] == len(body["tokens"]) <= 8
+    assert body["stop_type"] in ("eos", "limit", "word")
+    timings = body["timings"]
+    assert timings["predicted_n"] == body["tokens_predicted"]
+    assert timings["prompt_n"] + timings["cache_n"] == body["tokens_evaluated"]
+    assert body["generation_settings"]["seed"] == 7
+
+
+def test_native_stream_and_stop_word(running: Running) -> None:
+    events = []
+    with httpx.stream(
+        "POST",
+        running.url + "/completion",
+        json={"prompt": "1, 2, 3, 4,", "n_predict": 32, "stream": True, "stop": [" 7"], "temperature": 0},
+        timeout=60,
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    text = "".join(e["content"] for e in events[:-1])
+    assert " 7" not in text
+    if events[-1]["stop_type"] == "word":
+        assert events[-1]["stopping_word"] == " 7"
+
+
+def test_tokenize_detokenize_and_template(running: Running) -> None:
+    ids = httpx.post(running.url + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    assert ids and all(isinstance(t, int) for t in ids)
+    pieces = httpx.post(
+        running.url + "/tokenize", json={"content": "Hello world", "with_pieces": True}
+    ).json()
+    assert "".join(p["piece"] for p in pieces["tokens"]) == "Hello world"
+    assert httpx.post(running.url + "/detokenize", json={"tokens": ids}).json()["content"] == "Hello world"
+    prompt = httpx.post(running.url + "/apply-template", json={"messages": CHAT}).json()["prompt"]
+    assert "Name a colour." in prompt
+    assert httpx.post(running.url + "/detokenize", json={"tokens": [10**9]}).status_code == 400
+
+
+def test_health_models_props_slots_metrics(running: Running) -> None:
+    assert httpx.get(running.url + "/health").json() == {"status": "ok"}
+    for path in ("/models", "/v1/models"):
+        listing = httpx.get(running.url + path).json()
+        assert [m["id"] for m in listing["data"]] == ["smol"]
+    props = httpx.get(running.url + "/props").json()
+    assert props["total_slots"] == 4 and ".gguf" in props["model_path"]
+    assert props["default_generation_settings"]["n_ctx"] == 1024
+    slots = httpx.get(running.url + "/slots").json()
+    assert len(slots) == 4 and all(s["n_ctx"] == 1024 for s in slots)
+    httpx.post(running.url + "/completion", json={"prompt": "Hi", "n_predict": 2})
+    metrics = httpx.get(running.url + "/metrics")
+    assert "Process-Start-Time-Unix" in metrics.headers
+    counters = dict(line.split(" ") for line in metrics.text.splitlines() if line.startswith("llamacpp:"))
+    assert float(counters["llamacpp:tokens_predicted_total"]) >= 2
+    assert float(counters["llamacpp:requests_processing"]) == 0
+    assert "llama_cpp_actors_requests_total" in metrics.text
+
+
+def test_errors_have_llama_server_bodies_and_statuses(running: Running) -> None:
+    missing = httpx.get(running.url + "/no/such/path")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    cases = [
+        (b"{not json", 400),
+        (b"[" * 100_000 + b"]" * 100_000, 400),  # nesting deep enough to exhaust a recursive parser
+        (b'{"prompt": NaN}', 400),
+        (json.dumps({"prompt": 5}).encode(), 400),
+        (json.dumps({"prompt": "x", "n_predict": "many"}).encode(), 400),
+        (json.dumps({"prompt": "x", "seed": 10**30}).encode(), 400),
+        (json.dumps({"prompt": "x", "logit_bias": [[10**30, 1]]}).encode(), 400),
+        (json.dumps({"prompt": "\ud800"}).encode(), 400),  # a lone surrogate, escaped
+        (b'"just a string"', 400),
+    ]
+    for raw, status in cases:
+        response = httpx.post(running.url + "/completion", content=raw, timeout=30)
+        assert response.status_code == status, (raw[:40], response.text[:200])
+        assert set(response.json()["error"]) == {"code", "message", "type"}
+    huge = httpx.post(running.url + "/completion", content=b" " * (33 * 1024 * 1024), timeout=60)
+    assert huge.status_code == 413
+
+
+def test_cors_preflight(running: Running) -> None:
+    response = httpx.options(
+        running.url + "/v1/chat/completions",
+        headers={"Origin": "http://example.test", "Access-Control-Request-Method": "POST"},
+    )
+    assert response.status_code == 200
+    assert response.headers["access-control-allow-origin"] == "http://example.test"
+    assert response.headers["access-control-allow-credentials"] == "true"
+    assert "POST" in response.headers["access-control-allow-methods"]
+
+
+# -- clients that leave, and a full engine ---------------------------------------------
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(running: Running) -> None:
+    with httpx.stream(
+        "POST",
+        running.url + "/completion",
+        json={"prompt": "Tell a long story.", "n_predict": 2000, "stream": True, "ignore_eos": True},
+        timeout=60,
+    ) as response:
+        lines = response.iter_lines()  # held: a dropped iterator closes the connection
+        next(lines)
+        assert not idle(running)
+    wait_until(lambda: idle(running), seconds=10)
+
+
+def test_a_client_that_leaves_before_a_plain_answer_frees_its_slot(running: Running) -> None:
+    body = json.dumps({"prompt": "Tell a long story.", "n_predict": 2000, "ignore_eos": True}).encode()
+    port = int(running.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_until(lambda: not idle(running), seconds=10)
+    wait_until(lambda: idle(running), seconds=10)
+
+
+def test_a_full_queue_is_a_503_with_retry_after(model_path: str) -> None:
+    server = Running(
+        HttpSettings(),
+        lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=1024, max_queue=0),
+    )
+    try:
+        server.wait_ready()
+        with httpx.stream(
+            "POST", server.url + "/completion", json={"prompt": "Go on", "n_predict": 500, "stream": True,
+            "ignore_eos": True}, timeout=60,
+        ) as busy:  # fmt: skip
+            lines = busy.iter_lines()  # held: a dropped iterator closes the connection
+            next(lines)
+            refused = httpx.post(server.url + "/completion", json={"prompt": "x", "n_predict": 1})
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["type"] == "unavailable_error"
+    finally:
+        server.stop()
+
+
+def test_503_while_loading_then_ready(model_path: str) -> None:
+    release = threading.Event()
+
+    def slow_start() -> Any:
+        release.wait(30)
+        return ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=1024)
+
+    server = Running(HttpSettings(), slow_start)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                loading = httpx.get(server.url + "/health")
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert loading.status_code == 503
+        assert loading.json()["error"] == {
+            "code": 503,
+            "message": "Loading model",
+            "type": "unavailable_error",
+        }
+        release.set()
+        server.wait_ready()
+    finally:
+        release.set()
+        server.stop()
+
+
+@pytest.mark.timeout(300)
+def test_300_clients_with_random_disconnects_each_get_one_outcome(model_path: str) -> None:
+    server = Running(
+        HttpSettings(),
+        lambda: ServerActor.start(model_path=model_path, n_parallel=4, n_ctx=2048, max_queue=32),
+    )
+    outcomes: list[str] = []
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        stream = i % 2 == 0
+        body = {"prompt": f"Story {i}:", "n_predict": 4 + i % 8, "stream": stream}
+        leave_after = 0.05 * (i % 7) if i % 3 == 0 else None
+        try:
+            async with asyncio.timeout(leave_after):
+                async with client.stream("POST", "/completion", json=body) as response:
+                    raw = b"".join([chunk async for chunk in response.aiter_bytes()])
+            if response.status_code == 200:
+                if stream:
+                    events = [
+                        json.loads(line[6:])
+                        for line in raw.decode().splitlines()
+                        if line.startswith("data: ")
+                    ]
+                    assert events and events[-1]["stop"] is True
+                else:
+                    assert json.loads(raw)["stop"] is True
+                outcomes.append("ok")
+            else:
+                error = json.loads(raw)["error"]
+                assert response.status_code == 503 and error["type"] == "unavailable_error", raw[:200]
+                outcomes.append("busy")
+        except TimeoutError:
+            outcomes.append("left")
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=400, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            await asyncio.gather(*(one(client, i) for i in range(300)))
+
+    try:
+        server.wait_ready()
+        asyncio.run(main())
+        assert len(outcomes) == 300 and outcomes.count("ok") > 0
+        wait_until(lambda: idle(server), seconds=30)
+    finally:
+        server.stop()
