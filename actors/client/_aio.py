@@ -80,15 +80,15 @@ async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> 
     deadline = None if timeout is None else loop.time() + timeout
     target = await _target(ref, deadline)
     channel = _LoopQueue()
-    message = make(channel)
-    # tell() prepares the request in the calling thread (tokenizing, the chat template,
-    # a grammar's probe): a worker thread does it, so a long prompt never stalls the loop.
-    telling = loop.run_in_executor(None, target.tell, message)
+    # The message's checks and tell()'s preparation (tokenizing, the chat template, a
+    # grammar's probe) run in the calling thread: a worker thread does them, so a long
+    # prompt never stalls the loop.
+    telling = loop.run_in_executor(None, _build_and_tell, target, make, channel)
     try:
-        await asyncio.shield(telling)
+        message = await asyncio.shield(telling)
     except asyncio.CancelledError:
         # The task is gone but the tell may still land: cancel whatever it admits.
-        telling.add_done_callback(lambda told: _cancel_if_admitted(told, target, message))
+        telling.add_done_callback(lambda told: _cancel_if_admitted(told, target))
         raise
     except pykka.ActorDeadError as e:
         raise EngineStopped(f"the engine is not running: {e}") from None
@@ -108,10 +108,17 @@ async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> 
             _tell_cancel(target, message)
 
 
-def _cancel_if_admitted(told: asyncio.Future[None], target: Any, message: Any) -> None:
+def _build_and_tell(target: Any, make: Any, channel: _LoopQueue) -> Any:
+    """Make the request's message and send it (a worker thread); the message."""
+    message = make(channel)
+    target.tell(message)
+    return message
+
+
+def _cancel_if_admitted(told: asyncio.Future[Any], target: Any) -> None:
     """Cancel a request whose tell finished after its task was cancelled (loop thread)."""
     if not told.cancelled() and told.exception() is None:
-        _tell_cancel(target, message)
+        _tell_cancel(target, told.result())
 
 
 async def _next(

@@ -28,7 +28,11 @@ def _service(request: Request) -> Service:
 
 
 async def health(request: Request) -> Response:
-    """``GET /health``: 200 once the model has loaded (the gate answers 503 before)."""
+    """``GET /health``: 200 once the model has loaded (the gate answers 503 before), 503
+    if the engine has stopped since."""
+    engine = _service(request).engine
+    if not engine.is_alive():
+        raise HttpError(503, "the engine has stopped")
     return json_response({"status": "ok"})
 
 

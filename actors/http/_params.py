@@ -20,6 +20,9 @@ __all__ = ["Limits", "chat_messages", "max_tokens", "sampling_options"]
 # Scopes of requests that asked not to share their KV (cache_prompt: false).
 _PRIVATE_SCOPES = itertools.count()
 
+# Text keys of logit_bias are tokenized on the event loop: bounded, like a prompt is.
+_MAX_BIAS_TEXT = 64 * 1024
+
 # llama-server's "random seed" (LLAMA_DEFAULT_SEED); our engine takes None for it.
 _RANDOM_SEED = 0xFFFFFFFF
 
@@ -105,6 +108,9 @@ def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int
         pairs = [(p[0], p[1]) for p in value]
     else:
         raise _fail("'logit_bias' must be an object of token id -> bias, or a list of [token, bias]")
+    text = sum(len(key) for key, _ in pairs if isinstance(key, str))
+    if text > _MAX_BIAS_TEXT:
+        raise _fail(f"logit_bias text keys may have at most {_MAX_BIAS_TEXT} characters in all")
     bias: dict[int, float] = {}
     for key, raw in pairs:
         if raw is False:
