@@ -58,6 +58,7 @@ class DecodeMaximal(BatchStrategy):
     def build_batch(
         self, slots: Sequence[SlotView], budget: int, chunk_size: int, *, queue_depth: int
     ) -> BatchPlan:
+        """Plan decode tokens first (oldest first), then prompt chunks in what is left."""
         ordered = _oldest_first(slots)
         decode = _decoders(ordered, budget)
         prefill = _prefills(ordered, budget - len(decode), chunk_size)
@@ -73,6 +74,7 @@ class PrefillPriority(BatchStrategy):
     def build_batch(
         self, slots: Sequence[SlotView], budget: int, chunk_size: int, *, queue_depth: int
     ) -> BatchPlan:
+        """Plan prompt chunks (oldest first), then the decode tokens that still fit."""
         ordered = _oldest_first(slots)
         prefill = _prefills(ordered, budget, chunk_size)
         decode = _decoders(ordered, budget - sum(prefill.values()))
@@ -89,6 +91,7 @@ class Balanced(BatchStrategy):
     def build_batch(
         self, slots: Sequence[SlotView], budget: int, chunk_size: int, *, queue_depth: int
     ) -> BatchPlan:
+        """Plan decode tokens up to the quota, prompt chunks in the rest, then decode in what is left."""
         ordered = _oldest_first(slots)
         all_decoders = _decoders(ordered, budget)
         quota = min(budget // 2, len(all_decoders))
@@ -116,6 +119,7 @@ class Adaptive(BatchStrategy):
     def build_batch(
         self, slots: Sequence[SlotView], budget: int, chunk_size: int, *, queue_depth: int
     ) -> BatchPlan:
+        """Plan decode tokens first, then prompt chunks capped while anything decodes."""
         ordered = _oldest_first(slots)
         decode = _decoders(ordered, budget)
         prefill_budget = budget - len(decode)

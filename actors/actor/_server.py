@@ -82,7 +82,7 @@ class ServerActor(pykka.ThreadingActor):
     Start it with ``ServerActor.start(**options)`` and talk to the returned ``ActorRef``:
     ``ref.ask(Generate(...))`` returns a future of the ``Completion`` once the request is
     admitted; ``ref.tell(Stream(..., reply_to=q))`` puts ``Token`` events then one
-    ``Done`` or ``Failed`` on ``q``. See the README for every option.
+    ``Done`` or ``Failed`` on ``q``. docs/reference/options.md describes every option.
     """
 
     use_daemon_thread = True

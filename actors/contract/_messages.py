@@ -64,7 +64,9 @@ class ReplyTo(Protocol):
     gone and the request is cancelled.
     """
 
-    def put(self, item: Any, /) -> Any: ...
+    def put(self, item: Any, /) -> Any:
+        """Take one event (a ``Token``, ``Done`` or ``Failed``) without blocking."""
+        ...
 
 
 def put_nowait(reply_to: ReplyTo, event: object) -> None:

@@ -10,7 +10,7 @@ Backends:
 - ``"local"``: each replica is a ``Supervisor`` around a ServerActor in this process
   (its own thread and model). Mostly for tests, and for several small models on a big
   machine; llama.cpp's OpenMP threads of several engines in one process compete (see
-  the README), so ``n_threads=1`` suits it.
+  docs/benchmarks/index.md), so ``n_threads=1`` suits it.
 - ``"ray"``: each replica is a Ray actor hosting a ServerActor in its own process, on
   any node of the Ray cluster (see :mod:`actors.scale._ray`).
 
@@ -98,10 +98,11 @@ class ServerPool:
             backend: ``"local"`` (ServerActors in this process) or ``"ray"`` (Ray actors
                 in their own processes, on the Ray cluster this process is connected to;
                 ``ray.init()`` is called if it was not).
-            max_restarts, max_seconds: a replica's engine that crashes is restarted at
-                most ``max_restarts`` times within ``max_seconds`` (a Supervisor, in its
-                process); on Ray, a replica whose process died is restarted by Ray, at
-                most ``max_restarts`` times in all.
+            max_restarts: a replica's engine that crashes is restarted at most this many
+                times within ``max_seconds`` (a Supervisor, in its process); on Ray, a
+                replica whose process died is restarted by Ray, at most this many times
+                in all.
+            max_seconds: the window, in seconds, in which a Supervisor counts ``max_restarts``.
             ray_actor_options: passed to Ray's ``.options()`` for each replica
                 (default ``{"num_cpus": 1}``, spread over the nodes).
             affinity_min_blocks: the shortest shared prefix that routes by affinity, in
