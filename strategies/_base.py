@@ -115,8 +115,8 @@ class BatchStrategy(abc.ABC):
 
         Returns:
             The plan; at most ``budget`` tokens, a slot at most once, a decode only
-            for a slot with a pending token, at most ``min(chunk_size,
-            prefill_remaining)`` prefill tokens per slot.
+            for a slot with a pending token, and per slot at most
+            ``min(chunk_size, prefill_remaining)`` prefill tokens.
         """
 
     def __repr__(self) -> str:
