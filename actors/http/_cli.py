@@ -23,6 +23,7 @@ import math
 import os
 import struct
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -377,6 +378,13 @@ def _refuse(message: str) -> type[argparse.Action]:
     return Refuse
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help that never breaks a line inside a flag's name (``--no-kv-\\nunified``)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing and exiting on a bad command line."""
 
@@ -464,21 +472,25 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         epilog=_EPILOG,
         allow_abbrev=False,
         add_help=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     _serve_parser(serve)
     return root, serve
 
 
 def _normalized(argv: Sequence[str], serve: argparse.ArgumentParser) -> list[str]:
-    """``argv`` with ``--foo_bar`` spelled ``--foo-bar`` where that is a flag, as
-    llama-server reads its flags; values are left alone."""
+    """``argv`` as llama-server reads it: ``--foo_bar`` is ``--foo-bar`` where that is a
+    flag, and the token after a flag that takes one value is its value even if it starts
+    with ``-`` (argparse would take it for a flag: it is passed as ``flag=value``)."""
     values = {name: a.nargs for a in serve._actions for name in a.option_strings}
     out: list[str] = []
     skip = 0
     for token in argv:
         if skip:
-            out.append(token)
+            if skip == 1 and token.startswith("-") and out[-1] in values and values[out[-1]] is None:
+                out[-1] = f"{out[-1]}={token}"
+            else:
+                out.append(token)
             skip -= 1
             continue
         name, eq, rest = token.partition("=")
