@@ -70,6 +70,16 @@ def test_the_request_features_snippet_runs(server: pykka.ActorRef[Any], referenc
     assert scope["ids"]
 
 
+@pytest.mark.timeout(120)
+def test_the_stats_and_info_keys_are_what_the_engine_returns(server: pykka.ActorRef[Any]) -> None:
+    table = page("reference/requests.md").split("| message | reply |\n")[1].split("\n\n")[0]
+    for message in (actors.GetStats(), actors.GetInfo()):
+        name = type(message).__name__
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{name}()` |"))
+        documented = re.findall(r"`(\w+)`", row.split(" | ")[1].split("dict:")[1])
+        assert set(documented) == set(server.ask(message)), name
+
+
 def test_every_signal_in_the_table_exists_with_its_name() -> None:
     rows = re.findall(r"\| `telemetry\.(\w+)` \| `([\w.]+)` \|", page("reference/telemetry.md"))
     signals = {n for n in telemetry.__all__ if type(getattr(telemetry, n)).__name__ == "NamedSignal"}
