@@ -297,7 +297,7 @@ _OPTIONS = (
     _Option("--cors-credentials", "cors_credentials", "allow credentials for CORS; with origins * the "
             "Origin is echoed (default: enabled)"),
     _Option("--jinja", "jinja", "use the Jinja template engine for chat (default: enabled). Ours "
-            "always renders the model's own template with Jinja: --no-jinja has no effect"),
+            "always renders the model's own template with Jinja: --jinja and --no-jinja change nothing"),
     _Option("--chat-template-file", "chat_template_file", "a custom Jinja chat template file: read, "
             "then refused: ServerActor has no option for a template other than the model's", str,
             "FILE"),
@@ -309,8 +309,8 @@ _OPTIONS = (
             "JSON"),
     _Option("--cont-batching", "cont_batching", "continuous batching (default: enabled). Ours is "
             "always on: --cont-batching is accepted, --no-cont-batching refused"),
-    _Option("--ui", "ui", "the web UI (default: enabled). llama-cpp-actors has none: --ui and --no-ui "
-            "are accepted and change nothing"),
+    _Option("--ui", "ui", "the web UI (default: enabled). llama-cpp-actors has none: --ui, --no-ui, "
+            "--no-webui are accepted and change nothing"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
     _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
             "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
@@ -417,7 +417,8 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
             )
             continue
         refused = _REFUSED_NEGATIONS.get(option.dest)
-        negated = f"; {', '.join(flag.negations)} to disable" if flag.negations and not refused else ""
+        says_it = refused or option.dest in _ACCEPTED  # its help already names the negations
+        negated = f"; {', '.join(flag.negations)} to disable" if flag.negations and not says_it else ""
         group.add_argument(
             *flag.spellings, dest=option.dest, action="store_true", default=unset, help=text + negated + env
         )
