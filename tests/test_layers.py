@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -93,3 +94,38 @@ def test_a_planted_import_breaks_its_contract(tmp_path: Path, path: str, line: s
     assert result.returncode != 0, result.stdout
     broken = [row for row in result.stdout.splitlines() if row.endswith("BROKEN") or "BROKEN (" in row]
     assert any(contract in row for row in broken), result.stdout
+
+
+def test_the_readme_tick_diagram_names_functions_that_exist() -> None:
+    from actors.actor._ref import EngineRef
+    from actors.actor._server import ServerActor
+    from actors.backend._llama import LlamaBackend
+    from actors.engine import _batch, _prepare
+    from actors.engine._admission import Admission
+    from actors.engine._delivery import Courier
+    from actors.engine._engine import Engine
+    from actors.engine._finishing import Finishing
+    from actors.engine._forward import ForwardPass
+    from actors.engine._memory import KVMemory
+    from actors.engine._sampling import Sampling
+    from strategies import BatchStrategy
+
+    classes = {c.__name__: c for c in (
+        Admission, BatchStrategy, Courier, Engine, EngineRef, Finishing, ForwardPass, KVMemory,
+        LlamaBackend, Sampling, ServerActor,
+    )}  # fmt: skip
+    functions = {"check_plan": _batch.check_plan, "lay_out": _batch.lay_out, "prepare": _prepare.prepare}
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## How it works", 1)[1].split("\n## ", 1)[0]
+    diagram = section.split("```", 2)[1]
+    methods = re.findall(r"\b([A-Z]\w+)\.(\w+)\(\)", diagram)
+    bare = re.findall(r"(?<![.\w])([a-z_]\w*)\(\)", diagram)
+    assert len(methods) >= 10 and bare, "the diagram should name the tick's functions as Class.method()"
+    for cls_name, attr in methods:
+        cls = classes[cls_name]
+        assert attr in vars(cls), f"{cls_name}.{attr} is not defined by {cls_name}"
+    for name in bare:
+        assert callable(functions[name]), name
+    # Every phase of Engine.step is in the picture.
+    for phase in ("_expire", "_dequeue", "_plan", "_forward", "_emit_tick"):
+        assert phase in diagram

@@ -9,8 +9,29 @@ uvicorn), which the rest of the library does not.
 
 from __future__ import annotations
 
-from actors.http._app import create_app
-from actors.http._serve import serve
-from actors.http._settings import HttpSettings
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from actors.http._app import create_app
+    from actors.http._serve import serve
+    from actors.http._settings import HttpSettings
 
 __all__ = ["HttpSettings", "create_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, so the command line can say "install the server extra"
+    # instead of failing on Starlette's import.
+    if name == "create_app":
+        from actors.http._app import create_app
+
+        return create_app
+    if name == "serve":
+        from actors.http._serve import serve
+
+        return serve
+    if name == "HttpSettings":
+        from actors.http._settings import HttpSettings
+
+        return HttpSettings
+    raise AttributeError(f"module 'actors.http' has no attribute {name!r}")

@@ -35,8 +35,8 @@ from actors import (
     EngineError,
     InvalidRequest,
     SamplingParams,
-    ServerActor,
     ServerPool,
+    Supervisor,
     __version__,
     default_model_path,
 )
@@ -101,13 +101,14 @@ class ServePlan:
         """Start the engine this plan describes (``serve``'s worker thread).
 
         Returns:
-            a ``ServerActor`` ref, or a ``ServerPool``.
+            a ``Supervisor`` of one ``ServerActor``, or a ``ServerPool``.
 
         Raises:
             ConfigError, ModelLoadError: the engine cannot start with these options.
         """
         if self.pool_options is None:
-            return ServerActor.start(**self.server_options)
+            # Supervised: an engine that crashes is restarted, and requests wait for it.
+            return Supervisor.start(**self.server_options)
         return ServerPool.start(**self.pool_options, **self.server_options)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -108,6 +109,8 @@ def serve(
             sockets.append(sock)
         asyncio.run(server.serve(sockets=sockets))
     if server.failed:
-        _log.error("exiting: %s", service.load_error)
+        print(
+            f"llama-cpp-actors serve: error: the model failed to load: {service.load_error}", file=sys.stderr
+        )
         return 1
     return 0
