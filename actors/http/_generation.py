@@ -159,8 +159,12 @@ def timings(completion: Completion) -> dict[str, float | int]:
         "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
         "predicted_n": predicted_n,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-        "predicted_per_second": 1000.0 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+        # llama-server's rule: the first token came with the prompt's logits, so the
+        # rate is over the decode steps after it (as the engine's generation_rate).
+        "predicted_per_token_ms": predicted_ms / (predicted_n - 1) if predicted_n > 1 else 0.0,
+        "predicted_per_second": (
+            1000.0 * (predicted_n - 1) / predicted_ms if predicted_n > 1 and predicted_ms > 0 else 0.0
+        ),
     }
 
 
