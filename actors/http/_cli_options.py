@@ -1,0 +1,277 @@
+"""What ``llama-cpp-actors serve`` accepts: the option table and its value converters.
+
+``_OPTIONS`` says what each llama-server flag we support becomes (its ``dest``, how its
+value is read, its help); the spellings, negations and ``LLAMA_ARG_*`` variable of each
+come from :mod:`actors.http._flags`. ``_OURS`` are our own flags. Each converter turns
+one command-line or environment text into a value, or raises ``ValueError`` with the
+reason (the main thread, before anything starts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import strategies
+from actors.http._flags import LlamaFlag, by_spelling
+
+__all__ = ["CliError"]
+
+# ggml's type ids (llama_cpp.GGML_TYPE_*) of the KV cache types llama.cpp's -ctk/-ctv
+# accept (kv_cache_types in common/arg.cpp); ServerActor's type_k/type_v take the id.
+_KV_TYPES = MappingProxyType(
+    {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+)
+_STRATEGIES: Mapping[str, Callable[[], strategies.BatchStrategy]] = MappingProxyType(
+    {
+        "DecodeMaximal": strategies.DecodeMaximal,
+        "PrefillPriority": strategies.PrefillPriority,
+        "Balanced": strategies.Balanced,
+        "Adaptive": strategies.Adaptive,
+    }
+)
+_TRUTHY = ("on", "enabled", "true", "1")  # llama.cpp's is_truthy / is_falsey / is_autoy
+_FALSEY = ("off", "disabled", "false", "0")
+_AUTOY = ("auto", "-1")
+
+
+class CliError(Exception):
+    """A command line we cannot serve: printed as ``error: ...``, exit ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- values (the caller's thread; each raises ValueError with the reason) --------------
+
+
+def _integer(low: int, high: int | None = None, *, extra: Sequence[int] = ()) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            number = int(text.strip())
+        except ValueError:
+            raise ValueError(f"{text!r} is not an integer") from None
+        if number not in extra and (number < low or (high is not None and number > high)):
+            allowed = f">= {low}" if high is None else f"within [{low}, {high}]"
+            also = "".join(f" or {x}" for x in extra)
+            raise ValueError(f"{number} is out of range: must be {allowed}{also}")
+        return number
+
+    return convert
+
+
+def _number(low: float | None = None, high: float | None = None) -> Callable[[str], float]:
+    def convert(text: str) -> float:
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number") from None
+        if not math.isfinite(number):
+            raise ValueError(f"{text!r} is not a finite number")
+        if (low is not None and number < low) or (high is not None and number > high):
+            bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+            raise ValueError(f"{number:g} is out of range: must be within {bounds}")
+        return number
+
+    return convert
+
+
+def _temperature(text: str) -> float:
+    return max(_number()(text), 0.0)  # llama-server: a negative temperature is greedy
+
+
+def _choice(table: Mapping[str, Any]) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        if text not in table:
+            raise ValueError(f"{text!r} is not one of {', '.join(table)}")
+        return table[text]
+
+    return convert
+
+
+_SWITCH: Mapping[str, bool | None] = MappingProxyType(
+    {**dict.fromkeys(_TRUTHY, True), **dict.fromkeys(_FALSEY, False), **dict.fromkeys(_AUTOY, None)}
+)
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    hosts = _csv(text)
+    if not hosts:
+        raise ValueError("no address given")
+    for host in hosts:
+        if host.endswith(".sock"):
+            raise ValueError(f"{host!r}: UNIX sockets are a llama-server feature llama-cpp-actors lacks")
+    return hosts
+
+
+def _gpu_layers(text: str) -> int:
+    # llama-server's auto fits layers to free VRAM and all offloads every layer; we do
+    # not fit, so both offload every layer (llama.cpp's -1).
+    if text in ("auto", "all"):
+        return -1
+    return _integer(0, 2**31 - 1, extra=(-1,))(text)
+
+
+def _template_kwargs(text: str) -> tuple[tuple[str, bool | str], ...]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    for key, item in value.items():
+        if not isinstance(item, bool | str):
+            raise ValueError(f"{key!r}: only strings and booleans are supported, got {json.dumps(item)}")
+    return tuple(value.items())
+
+
+# -- the options ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """A llama-server flag we support: its dest, how its value is read, its help."""
+
+    flag: str  # any spelling; the others, the negations and the env var come from _flags
+    dest: str
+    help: str
+    convert: Callable[[str], Any] | None = None  # None: a switch
+    metavar: str = "N"
+
+
+_OPTIONS = (
+    _Option("--model", "model", "model path to load (llama-server: required or -hf; ours: default "
+            "$LLAMA_MODEL, else SmolLM2-135M-Instruct, actors.default_model_path())", str, "FNAME"),
+    _Option("--host", "host", "IP addresses to listen on, comma-separated (default: 127.0.0.1; "
+            "llama-server's UNIX sockets *.sock are not supported)", _hosts, "HOST"),
+    _Option("--port", "port", "port to listen (default: 8080)", _integer(0, 65535), "PORT"),
+    _Option("--ctx-size", "ctx_size", "size of the prompt context, ServerActor's n_ctx (default: 0 = "
+            "the model's training context, read from its GGUF header; llama-server's --fit may shrink "
+            "it to fit memory, ours does not)", _integer(0, 2**31 - 256)),
+    _Option("--parallel", "parallel", "number of server slots, n_parallel (default: -1 = auto: 4 slots "
+            "sharing the whole context, as llama-server's auto)", _integer(1, 256, extra=(-1,))),
+    _Option("--kv-unified", "kv_unified", "let every slot grow to the whole context (n_ctx_per_slot = "
+            "n_ctx) instead of an even share (n_ctx / n_parallel); default: on if -np is auto. Our KV "
+            "cache is always one buffer, so this sets only the per-slot limit"),
+    _Option("--kv-unified-per-slot", "kv_unified_per_slot", "context limit per slot, n_ctx_per_slot; "
+            "without -c the context is n_parallel * N (default: unset)", _integer(2, 2**31 - 256)),
+    _Option("--batch-size", "batch_size", "logical maximum batch size, n_batch (default: 2048, at most "
+            "n_ctx)", _integer(1, 2**31 - 256)),
+    _Option("--ubatch-size", "ubatch_size", "physical maximum batch size, n_ubatch (default: 512)",
+            _integer(1, 2**31 - 256)),
+    _Option("--threads", "threads", "CPU threads for generation, n_threads (default: -1 = the cores "
+            "this process may use)", _integer(-(2**31), 512)),
+    _Option("--threads-batch", "threads_batch", "threads for batch and prompt processing, "
+            "n_threads_batch (default: same as --threads)", _integer(-(2**31), 512)),
+    _Option("--n-predict", "n_predict", "tokens to predict: the default and cap per request (default: "
+            "-1 = up to the slot's context)", _integer(1, 2**31 - 1, extra=(-1,))),
+    _Option("--cache-ram", "cache_ram", "RAM prompt cache in MiB, prompt_cache_ram_mb (default: 8192, "
+            "ours at most half this machine's memory; -1 = no limit: this machine's memory; 0 = off)",
+            _integer(-1, 2**40)),
+    _Option("--cache-prompt", "cache_prompt", "reuse a slot's cached prompt prefix, cache_prompt "
+            "(default: enabled)"),
+    _Option("--context-shift", "context_shift", "on a full slot, drop old tokens and go on generating "
+            "(default: disabled, as llama-server; ServerActor's own default is enabled)"),
+    _Option("--flash-attn", "flash_attn", "flash attention: on, off or auto (default: auto)",
+            _choice(_SWITCH), "on|off|auto"),
+    _Option("--cache-type-k", "cache_type_k", f"KV cache type for K: {', '.join(_KV_TYPES)} (default: "
+            "f16)", _choice(_KV_TYPES), "TYPE"),
+    _Option("--cache-type-v", "cache_type_v", f"KV cache type for V: {', '.join(_KV_TYPES)} (default: "
+            "f16; a quantized one needs flash attention)", _choice(_KV_TYPES), "TYPE"),
+    _Option("--n-gpu-layers", "n_gpu_layers", "layers to offload to the GPU: a number, auto or all "
+            "(llama-server's default: auto, fitted to VRAM; ours: 0 unless given, and auto offloads "
+            "every layer, as all: we do not fit)", _gpu_layers),
+    _Option("--temp", "temp", "default temperature (default: 0.80; a negative one is greedy)",
+            _temperature),
+    _Option("--top-k", "top_k", "default top-k (default: 40, 0 = disabled)", _integer(0, 2**31 - 1)),
+    _Option("--top-p", "top_p", "default top-p (default: 0.95, 1.0 = disabled)", _number(0, 1)),
+    _Option("--min-p", "min_p", "default min-p (default: 0.05, 0.0 = disabled)", _number(0, 1)),
+    _Option("--seed", "seed", "default RNG seed (default: -1 = a random seed per request)",
+            _integer(0, 2**32 - 1, extra=(-1,)), "SEED"),
+    _Option("--repeat-last-n", "repeat_last_n", "tokens the penalties look back on, penalty_last_n "
+            "(default: 64, 0 = disabled, -1 = the context)", _integer(-1, 2**31 - 1)),
+    _Option("--repeat-penalty", "repeat_penalty", "repeat penalty, penalty_repeat (default: 1.00 = "
+            "disabled)", _number(0)),
+    _Option("--presence-penalty", "presence_penalty", "presence penalty, penalty_present (default: "
+            "0.00 = disabled)", _number()),
+    _Option("--frequency-penalty", "frequency_penalty", "frequency penalty, penalty_freq (default: "
+            "0.00 = disabled)", _number()),
+    _Option("--api-key", "api_key", "API keys, comma-separated (default: none: no key needed)", _csv,
+            "KEY"),
+    _Option("--api-key-file", "api_key_file", "file of API keys, one per line; lines starting with # "
+            "are comments (read once at startup)", str, "FNAME"),
+    _Option("--alias", "alias", "model names for the API, comma-separated (default: the model file's "
+            "name)", _csv, "STRING"),
+    _Option("--tags", "tags", "model tags, comma-separated (informational)", _csv, "STRING"),
+    _Option("--metrics", "metrics", "serve GET /metrics, Prometheus text (default: disabled)"),
+    _Option("--slots", "slots", "serve GET /slots (default: enabled)"),
+    _Option("--cors-origins", "cors_origins", "allowed CORS origins, comma-separated; 'localhost' "
+            "echoes only a localhost Origin (default: *)", str, "ORIGINS"),
+    _Option("--cors-methods", "cors_methods", "allowed CORS methods (default: GET, POST, DELETE, "
+            "OPTIONS)", str, "METHODS"),
+    _Option("--cors-headers", "cors_headers", "allowed CORS headers (default: *)", str, "HEADERS"),
+    _Option("--cors-credentials", "cors_credentials", "allow credentials for CORS; with origins * the "
+            "Origin is echoed (default: enabled)"),
+    _Option("--jinja", "jinja", "use the Jinja template engine for chat (default: enabled). Ours "
+            "always renders the model's own template with Jinja: --jinja and --no-jinja change nothing"),
+    _Option("--chat-template-file", "chat_template_file", "a custom Jinja chat template file: read, "
+            "then refused: ServerActor has no option for a template other than the model's", str,
+            "FILE"),
+    _Option("--reasoning", "reasoning", "thinking in the chat: on, off or auto; on/off set the "
+            "template's enable_thinking (default: auto: the template's own default)", _choice(_SWITCH),
+            "on|off|auto"),
+    _Option("--chat-template-kwargs", "chat_template_kwargs", "extra chat template variables, a JSON "
+            "object of strings and booleans (--reasoning wins on enable_thinking)", _template_kwargs,
+            "JSON"),
+    _Option("--cont-batching", "cont_batching", "continuous batching (default: enabled). Ours is "
+            "always on: --cont-batching is accepted, --no-cont-batching refused"),
+    _Option("--ui", "ui", "the web UI (default: enabled). llama-cpp-actors has none: --ui, --no-ui, "
+            "--no-webui are accepted and change nothing"),
+    _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
+    _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
+            "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
+)  # fmt: skip
+_ACCEPTED = frozenset({"cont_batching", "ui", "jinja"})  # switches without effect
+_REFUSED_NEGATIONS = MappingProxyType(
+    {"cont_batching": "continuous batching is always on in llama-cpp-actors"}
+)
+_SPECIAL_REFUSALS = MappingProxyType(
+    {"--chat-template": "ServerActor renders the model's own chat template and has no option for another"}
+)
+_OURS = (  # (spellings, dest, convert, metavar, help)
+    (("--strategy",), "strategy", _choice({n: n for n in _STRATEGIES}), "NAME",
+     f"batch strategy: {', '.join(_STRATEGIES)} (default: DecodeMaximal)"),
+    (("--replicas",), "replicas", _integer(1, 1024), "N",
+     "engines behind the server; more than 1 (or --backend ray) starts a ServerPool (default: 1)"),
+    (("--backend",), "backend", _choice({"local": "local", "ray": "ray"}), "local|ray",
+     "where a pool's replicas run: this process, or Ray actors (default: local)"),
+    (("--max-queue",), "max_queue", _integer(0), "N",
+     "requests that may wait for a slot before QueueFull (503) (default: 64)"),
+    (("--chunk-size",), "chunk_size", _integer(1), "N",
+     "prompt tokens a slot prefills per tick at most (default: 512)"),
+    (("--drain-timeout",), "drain_timeout", _number(0, 3600), "SECONDS",
+     "on SIGTERM/SIGINT, how long in-flight requests may finish (default: 30)"),
+)  # fmt: skip
+_SAMPLING = MappingProxyType(
+    {"temp": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
+     "repeat_last_n": "penalty_last_n", "repeat_penalty": "penalty_repeat",
+     "presence_penalty": "penalty_present", "frequency_penalty": "penalty_freq"}
+)  # fmt: skip
+_PASSED_IF_GIVEN = MappingProxyType(
+    {"batch_size": "n_batch", "ubatch_size": "n_ubatch", "flash_attn": "flash_attn",
+     "cache_type_k": "type_k", "cache_type_v": "type_v", "n_gpu_layers": "n_gpu_layers",
+     "cache_prompt": "cache_prompt", "max_queue": "max_queue", "chunk_size": "chunk_size"}
+)  # fmt: skip
+
+
+def _llama_flag(option: _Option) -> LlamaFlag:
+    return by_spelling()[option.flag]
