@@ -34,10 +34,14 @@ allocates but the machine cannot hold is not caught here.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
+from actors.backend._llama import check_chat_template
 from actors.backend._options import BackendOptions, default_n_threads
+from actors.contract._checks import _checked_template_kwargs
 from actors.contract._errors import ConfigError, InvalidRequest
 from actors.contract._messages import SamplingParams
 from actors.engine._engine import EngineConfig
@@ -45,6 +49,7 @@ from strategies import BatchStrategy, DecodeMaximal
 
 __all__ = [
     "KV_CACHE_TYPES",
+    "MAX_CHAT_TEMPLATE_CHARS",
     "MAX_NAME_LENGTH",
     "MAX_N_CTX",
     "MAX_N_PARALLEL",
@@ -66,6 +71,12 @@ MAX_PROMPT_CACHE_RAM_MB = 2**40
 """The RAM prompt cache budget at most (an exabyte), and at most :func:`host_ram_mb`."""
 MAX_NAME_LENGTH = 256
 """Characters in a server's ``name`` at most (it labels telemetry and log lines)."""
+MAX_CHAT_TEMPLATE_CHARS = 256 * 1024
+"""Characters in a custom ``chat_template`` at most (256 Ki; real ones are a few KiB).
+
+A template is Jinja2: its loops run for every chat, in the caller's thread, unbounded
+by the sandbox. It is the operator's option, never a caller's, so its size is bound
+and its syntax checked here, and the rest is trusted."""
 KV_CACHE_TYPES = MappingProxyType(
     {0: "f32", 1: "f16", 30: "bf16", 8: "q8_0", 2: "q4_0", 3: "q4_1", 20: "iq4_nl", 6: "q5_0", 7: "q5_1"}
 )
@@ -177,6 +188,33 @@ def _name(value: object) -> str | None:
     return text
 
 
+def _chat_template(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"chat_template must be a non-empty str of Jinja2 (or None), got {_show(value)}")
+    text = str.__getitem__(value, slice(None))
+    if len(text) > MAX_CHAT_TEMPLATE_CHARS:
+        raise ConfigError(
+            f"chat_template may have at most {MAX_CHAT_TEMPLATE_CHARS} characters, got {len(text)}"
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("chat_template is not valid Unicode (a lone surrogate)") from None
+    check_chat_template(text)  # a syntax error is a ConfigError now, not every chat's later
+    return text
+
+
+def _chat_template_kwargs(value: object) -> Mapping[str, Any]:
+    if value is None:
+        return MappingProxyType({})
+    try:
+        return _checked_template_kwargs(value, "chat_template_kwargs")
+    except InvalidRequest as e:
+        raise ConfigError(str(e)) from None
+
+
 def host_ram_mb() -> float:
     """This machine's physical memory in MiB, or ``MAX_PROMPT_CACHE_RAM_MB`` where the
     OS does not say (any thread)."""
@@ -246,6 +284,8 @@ class StartOptions:
     context_shift: bool
     ram_budget_bytes: int
     name: str | None
+    chat_template: str | None
+    chat_template_kwargs: Mapping[str, Any]
 
     def backend_options(self, model_path: str) -> BackendOptions:
         """What the backend loads, for the resolved ``model_path`` (caller's thread)."""
@@ -313,6 +353,8 @@ def check_options(
     context_shift: object = True,
     prompt_cache_ram_mb: object = 0,
     name: object = None,
+    chat_template: object = None,
+    chat_template_kwargs: object = None,
 ) -> StartOptions:
     """Check ``ServerActor``'s start options, each and in combination (caller's thread).
 
@@ -405,4 +447,6 @@ def check_options(
         context_shift=_flag("context_shift", context_shift),
         ram_budget_bytes=int(ram_mb * 1024 * 1024),
         name=_name(name),
+        chat_template=_chat_template(chat_template),
+        chat_template_kwargs=_chat_template_kwargs(chat_template_kwargs),
     )

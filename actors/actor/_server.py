@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -126,6 +127,8 @@ class ServerActor(pykka.ThreadingActor):
         context_shift: bool = True,
         prompt_cache_ram_mb: float = 0,
         name: str | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         # pykka made a plain ActorRef; ours prepares requests in the sender's thread.
@@ -142,10 +145,13 @@ class ServerActor(pykka.ThreadingActor):
             n_threads_batch=n_threads_batch, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
             n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, use_mlock=use_mlock,
             n_ctx_per_slot=n_ctx_per_slot, context_shift=context_shift,
-            prompt_cache_ram_mb=prompt_cache_ram_mb, name=name,
+            prompt_cache_ram_mb=prompt_cache_ram_mb, name=name, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
         )  # fmt: skip
         self.actor_options = options.backend_options(resolve_model_path(options.model_path))
         self.actor_config = options.engine_config()
+        self.actor_chat_template = options.chat_template
+        self.actor_chat_template_kwargs = options.chat_template_kwargs
         self.actor_engine: Engine | None = None
         self._who = "the engine" if name is None else f"the engine {name!r}"  # in error messages
         self._tick_scheduled = False
@@ -175,7 +181,12 @@ class ServerActor(pykka.ThreadingActor):
                 )
 
         try:
-            backend = LlamaBackend(self.actor_options, on_progress=progress)
+            backend = LlamaBackend(
+                self.actor_options,
+                on_progress=progress,
+                chat_template=self.actor_chat_template,
+                chat_template_kwargs=self.actor_chat_template_kwargs,
+            )
             default_grammar = self.actor_config.defaults.grammar
             if default_grammar is not None:  # its <piece> tokens need the vocabulary
                 try:

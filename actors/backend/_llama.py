@@ -17,7 +17,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import llama_cpp as _lc
@@ -31,10 +31,11 @@ from actors.backend._faults import faults
 from actors.backend._greedy import GREEDY_TEMP, DeadEnd, _Greedy
 from actors.backend._options import BackendOptions
 from actors.backend._readers import _Readers
-from actors.contract._errors import EngineStopped, InvalidRequest, ModelLoadError
+from actors.contract._checks import _template_variables
+from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, ModelLoadError
 from actors.contract._messages import SamplingParams
 
-__all__ = ["LlamaBackend", "llama_cpp_version"]
+__all__ = ["LlamaBackend", "check_chat_template", "llama_cpp_version"]
 
 _log = logging.getLogger("llama_cpp_actors.llama_cpp")
 
@@ -72,6 +73,22 @@ def llama_cpp_version() -> str:
     return str(_lc.__version__)
 
 
+def check_chat_template(template: str) -> None:
+    """Compile ``template`` as the backend will compile a custom chat template (any thread).
+
+    Only compiling: a template is Jinja2 run in llama_cpp's sandbox, which bounds what it
+    may touch but not how long its loops run, so a custom template is the operator's
+    (``ServerActor(chat_template=...)``), never a caller's, and its size is bounded.
+
+    Raises:
+        ConfigError: it is not a template llama_cpp's ``Jinja2ChatFormatter`` accepts.
+    """
+    try:
+        Jinja2ChatFormatter(template=template, eos_token="", bos_token="")
+    except Exception as e:  # TemplateSyntaxError; RecursionError for absurd nesting
+        raise ConfigError(f"chat_template is not a valid Jinja2 template: {e}") from None
+
+
 _FLASH_ATTN = {
     None: _lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
     True: _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -87,8 +104,27 @@ class LlamaBackend:
     tick allocates nothing per token.
     """
 
-    def __init__(self, options: BackendOptions, on_progress: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        options: BackendOptions,
+        on_progress: Callable[[float], None] | None = None,
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Load the model and make the context (the actor thread).
+
+        Args:
+            options: the model and context to make.
+            on_progress: called with the load's progress, 0 to 1.
+            chat_template: Jinja2 text (checked by :func:`check_chat_template`) used
+                instead of the model's own chat template.
+            chat_template_kwargs: the template's variables every chat gets, under the
+                request's ``template_kwargs`` (checked as those are).
+        """
         self.options = options
+        self._custom_template = chat_template
+        self._template_defaults: Mapping[str, Any] = chat_template_kwargs or {}
         model_params = _lc.llama_model_default_params()
         if on_progress is not None:
             # llama.cpp calls it from the loading thread (this one); returning False
@@ -136,7 +172,6 @@ class LlamaBackend:
         self.n_batch: int = _lc.llama_n_batch(self._ctx)
         self.n_seq_max: int = _lc.llama_n_seq_max(self._ctx)
         self.n_ctx_train: int = _lc.llama_model_n_ctx_train(self._model)
-        self.has_chat_template: bool = bool(_lc.llama_model_chat_template(self._model, None))
         self._bos: int = _lc.llama_vocab_bos(self._vocab)
         self._add_bos: bool = bool(_lc.llama_vocab_get_add_bos(self._vocab)) and self._bos != -1
         self.eog_ids: frozenset[int] = frozenset(
@@ -151,6 +186,7 @@ class LlamaBackend:
         self._readers = _Readers()
         self._specials = self._special_texts()
         self._chat = self._chat_formatter()
+        self.has_chat_template: bool = self._chat is not None
         self.n_decode_calls = 0
         self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
         self._candidates = _candidates(self.n_vocab)
@@ -172,10 +208,15 @@ class LlamaBackend:
 
     def _chat_formatter(self) -> Jinja2ChatFormatter | None:
         # The same formatter llama_cpp.Llama builds from the GGUF metadata, so chat
-        # prompts render (and so tokenize) exactly as create_chat_completion's do.
-        template = _lc.llama_model_chat_template(self._model, None)
-        if not template:
-            return None
+        # prompts render (and so tokenize) exactly as create_chat_completion's do; a
+        # custom template goes through the same formatter, with the same variables.
+        if self._custom_template is not None:
+            template = self._custom_template
+        else:
+            raw = _lc.llama_model_chat_template(self._model, None)
+            if not raw:
+                return None
+            template = raw.decode("utf-8")
 
         def text(token: int) -> str:
             return (
@@ -183,31 +224,45 @@ class LlamaBackend:
             )
 
         return Jinja2ChatFormatter(
-            template=template.decode("utf-8"),
+            template=template,
             eos_token=text(_lc.llama_vocab_eos(self._vocab)),
             bos_token=text(self._bos),
         )
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """The prompt for ``messages`` under the model's chat template (thread-safe)."""
+    def render_chat(
+        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        """The prompt for ``messages`` under the chat template (thread-safe): the model's
+        own, or the server's ``chat_template``.
+
+        ``template_kwargs`` (checked, as a request's) are the template's variables, over
+        the server's ``chat_template_kwargs``; each render gets its own copy.
+        """
         if self._chat is None:
             raise InvalidRequest("the model has no chat template")
+        variables = _template_variables({**self._template_defaults, **(template_kwargs or {})})
         try:
-            return str(self._chat(messages=messages).prompt)  # type: ignore[arg-type]
+            return str(self._chat(messages=messages, **variables).prompt)  # type: ignore[arg-type]
         except Exception as e:  # the template's raise_exception, or a Jinja error
             raise InvalidRequest(f"the chat template refused these messages: {e}") from None
 
-    def tokenize_chat(self, messages: list[dict[str, str]], parse_special: bool = False) -> list[int]:
+    def tokenize_chat(
+        self,
+        messages: list[dict[str, str]],
+        parse_special: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
         """The prompt tokens of a chat (thread-safe), as ``create_chat_completion`` makes them.
 
         Special tokens come only from the template: text inside message content that
         spells one (``<|im_start|>system``) is tokenized as text, so no message can forge
-        another role, unless ``parse_special`` allows it.
+        another role, unless ``parse_special`` allows it. ``template_kwargs`` are as
+        :meth:`render_chat`'s.
         """
         return chat_tokens(
             messages,
             parse_special,
-            self.render_chat,
+            lambda chat: self.render_chat(chat, template_kwargs),
             self._specials,
             lambda text, special: self.tokenize(text, add_special=False, parse_special=special),
         )

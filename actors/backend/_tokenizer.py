@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from actors.contract._errors import InvalidRequest
 from actors.contract._messages import Chat
@@ -47,16 +47,23 @@ class Tokenizer:
             raise InvalidRequest(f"detokenize takes a list of token ids, got {type(ids).__name__}")
         return self._backend.detokenize(list(ids))
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """The prompt text the model's chat template makes of ``messages`` (with the
-        assistant's turn opened), as ``Chat`` renders it before tokenizing.
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        """The prompt text the chat template makes of ``messages`` (with the assistant's
+        turn opened), as ``Chat`` renders it before tokenizing.
+
+        Args:
+            messages: the chat, as ``Chat`` takes it.
+            template_kwargs: the template's variables, as ``Chat.template_kwargs``
+                (over the server's ``chat_template_kwargs``).
 
         Raises:
-            InvalidRequest: the messages are not a valid chat, the model has no chat
-                template, or the template refused them.
+            InvalidRequest: the messages or variables are not valid for a ``Chat``, the
+                model has no chat template, or the template refused them.
         """
-        checked = Chat(messages).messages  # the same checks as a Chat request
-        return self._backend.render_chat([dict(m) for m in checked])
+        chat = Chat(messages, template_kwargs=template_kwargs)  # the same checks as a Chat request
+        return self._backend.render_chat([dict(m) for m in chat.messages], chat.template_kwargs)
 
     def __repr__(self) -> str:
         return f"Tokenizer(n_vocab={self.n_vocab})"

@@ -28,6 +28,9 @@ __all__ = [
     "MAX_SCHEMA_DEPTH",
     "MAX_STOP_LENGTH",
     "MAX_STOP_STRINGS",
+    "MAX_TEMPLATE_KWARGS_BYTES",
+    "MAX_TEMPLATE_KWARGS_DEPTH",
+    "RESERVED_TEMPLATE_NAMES",
     "ROLES",
 ]
 
@@ -52,6 +55,16 @@ MAX_ID_LENGTH = 256
 """Characters in a ``request_id``, ``cache_scope`` or ``session`` at most."""
 ROLES = frozenset({"system", "user", "assistant"})
 """The roles a chat message may have."""
+MAX_TEMPLATE_KWARGS_BYTES = 64 * 1024
+"""The JSON text of a chat's ``template_kwargs`` at most, in bytes (64 KiB)."""
+MAX_TEMPLATE_KWARGS_DEPTH = 16
+"""Lists and dicts nested in one template variable at most."""
+RESERVED_TEMPLATE_NAMES = frozenset(
+    {"messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception", "strftime_now",
+     "functions", "function_call", "tools", "tool_choice"}
+)  # fmt: skip
+"""Variables the chat formatter sets itself (llama_cpp's ``Jinja2ChatFormatter``):
+``template_kwargs`` may not name them."""
 
 
 def _is_int(value: object) -> bool:
@@ -245,3 +258,86 @@ def _checked_chat(messages: object) -> tuple[Mapping[str, str], ...]:
         )
         checked.append(MappingProxyType({"role": str.__getitem__(role, slice(None)), "content": text}))
     return tuple(checked)
+
+
+def _checked_template_kwargs(value: object, name: str = "template_kwargs") -> Mapping[str, Any]:
+    """A frozen private copy of a chat template's variables: identifier keys (not a
+    name the formatter sets itself) to JSON values, within the size and depth limits.
+
+    Dicts become ``MappingProxyType``s and lists tuples (:func:`_template_variables`
+    makes plain ones again for each render).
+    """
+    _require(isinstance(value, Mapping), f"{name} must be a dict of variable name -> JSON value")
+    assert isinstance(value, Mapping)
+    budget = [MAX_TEMPLATE_KWARGS_BYTES]  # every value costs at least one byte of JSON
+    checked: dict[str, Any] = {}
+    for key, item in tuple(value.items()):
+        _require(
+            isinstance(key, str) and str.isidentifier(key) and len(key) <= MAX_ID_LENGTH,
+            f"{name} key {_show(key)} is not a variable name (a Python identifier)",
+        )
+        assert isinstance(key, str)
+        key = _checked_text(f"{name} key", key, MAX_ID_LENGTH)
+        _require(
+            key not in RESERVED_TEMPLATE_NAMES,
+            f"{name} key {key!r} is set by the chat formatter itself; choose another name",
+        )
+        checked[key] = _frozen_json(f"{name}[{key!r}]", item, MAX_TEMPLATE_KWARGS_DEPTH, budget)
+    try:
+        size = len(json.dumps(_template_variables(checked), ensure_ascii=False).encode("utf-8"))
+    except (TypeError, ValueError) as e:  # not expected after the walk: refuse, never crash
+        raise InvalidRequest(f"{name} is not JSON: {e}") from None
+    _require(
+        size <= MAX_TEMPLATE_KWARGS_BYTES,
+        f"{name} may have at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON, got {size}",
+    )
+    return MappingProxyType(checked)
+
+
+def _frozen_json(name: str, value: object, depth: int, budget: list[int]) -> Any:
+    """``value`` as a frozen JSON value; walks at most ``budget[0]`` values and
+    ``depth`` levels, so a huge or self-containing value is refused early."""
+    budget[0] -= 1
+    _require(budget[0] >= 0, f"{name} is too large (at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON)")
+    if value is None or isinstance(value, bool):
+        return value
+    if _is_int(value):
+        assert isinstance(value, int)
+        _require(-_INT64_MAX <= value <= _INT64_MAX, f"{name} must fit 64 bits, got {_show(value)}")
+        return int(value)
+    if isinstance(value, float):
+        return _checked_float(name, value)
+    if isinstance(value, str):
+        text = _checked_text(name, value, MAX_TEMPLATE_KWARGS_BYTES)
+        budget[0] -= len(text)
+        _require(budget[0] >= 0, f"{name} is too large (at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON)")
+        return text
+    if isinstance(value, list | tuple | Mapping):
+        _require(depth > 0, f"{name} nests deeper than {MAX_TEMPLATE_KWARGS_DEPTH} levels")
+    if isinstance(value, list | tuple):
+        return tuple(_frozen_json(f"{name}[{i}]", v, depth - 1, budget) for i, v in enumerate(tuple(value)))
+    if isinstance(value, Mapping):
+        frozen: dict[str, Any] = {}
+        for key, item in tuple(value.items()):
+            _require(isinstance(key, str), f"{name} has a key {_show(key)}: JSON object keys are strings")
+            key = _checked_text(f"a key of {name}", key, MAX_TEMPLATE_KWARGS_BYTES)
+            budget[0] -= len(key)
+            frozen[key] = _frozen_json(f"{name}[{_show(key)}]", item, depth - 1, budget)
+        return MappingProxyType(frozen)
+    raise InvalidRequest(
+        f"{name} must be a JSON value (None, bool, int, float, str, list, dict), got {type(value).__name__}"
+    )
+
+
+def _template_variables(frozen: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain dicts and lists again, a fresh copy for one render (any thread): the
+    template's ``tojson`` cannot serialize a ``MappingProxyType``."""
+    return {key: _plain(value) for key, value in frozen.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -27,6 +27,7 @@ from actors.contract._checks import (
     _checked_float,
     _checked_sampling,
     _checked_schema,
+    _checked_template_kwargs,
     _checked_text,
     _checked_tokens,
     _is_int,
@@ -115,10 +116,13 @@ class SamplingParams:
 
 
 def _thaw(value: Any) -> Any:
+    # MappingProxyType does not pickle: every one, however deep, becomes a dict (and a
+    # tuple holding one a list); the constructor on the other side freezes them again.
     if isinstance(value, MappingProxyType):
         return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple) and any(isinstance(v, MappingProxyType) for v in value):
-        return [_thaw(v) for v in value]
+    if isinstance(value, tuple):
+        thawed = [_thaw(v) for v in value]
+        return thawed if any(t is not v for t, v in zip(thawed, value, strict=True)) else value
     return value
 
 
@@ -278,10 +282,16 @@ class Chat(_RequestMessage):
     parse_special: bool = False
     """Let special-token text in message content (``<|im_start|>``) become special tokens;
     by default content is text, and special tokens come only from the template."""
+    template_kwargs: Mapping[str, Any] | None = None
+    """Variables for the chat template's render (llama.cpp's ``chat_template_kwargs``, e.g.
+    ``{"enable_thinking": False}``), over the server's ``chat_template_kwargs``: names are
+    identifiers, values JSON (at most ``MAX_TEMPLATE_KWARGS_BYTES`` of it, nested at most
+    ``MAX_TEMPLATE_KWARGS_DEPTH`` deep); stored as a frozen copy."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
         _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
+        _check_template_kwargs(self)
         _RequestMessage._check_options(self)
 
 
@@ -293,12 +303,20 @@ class StreamChat(_RequestMessage):
     reply_to: ReplyTo
     parse_special: bool = False
     """As ``Chat.parse_special``."""
+    template_kwargs: Mapping[str, Any] | None = None
+    """As ``Chat.template_kwargs``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
         _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
+        _check_template_kwargs(self)
         _check_reply_to(self.reply_to)
         _RequestMessage._check_options(self)
+
+
+def _check_template_kwargs(message: Chat | StreamChat) -> None:
+    if message.template_kwargs is not None:
+        object.__setattr__(message, "template_kwargs", _checked_template_kwargs(message.template_kwargs))
 
 
 SubmitMessage = Generate | GenerateTokens | Chat

@@ -78,7 +78,9 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
     """
     try:
         if isinstance(message, Chat | StreamChat):
-            prompt = backend.tokenize_chat([dict(m) for m in message.messages], message.parse_special)
+            prompt = backend.tokenize_chat(
+                [dict(m) for m in message.messages], message.parse_special, message.template_kwargs
+            )
         elif hasattr(message, "prompt"):
             prompt = backend.tokenize(message.prompt)
         else:  # checked by the constructor; again, for a message changed since
