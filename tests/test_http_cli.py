@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -34,13 +35,13 @@ SUPPORTED = (
     "--repeat-penalty", "--presence-penalty", "--frequency-penalty", "--api-key", "--api-key-file",
     "-a", "--alias", "--tags", "--metrics", "--slots", "--no-slots", "--cors-origins", "--cors-methods",
     "--cors-headers", "--cors-credentials", "--no-cors-credentials", "-rea", "--reasoning",
-    "--chat-template-kwargs", "-v", "--verbose", "--log-verbose", "-lv", "--verbosity", "--log-verbosity",
+    "--chat-template-kwargs", "--chat-template", "--chat-template-file", "-v", "--verbose", "--log-verbose",
+    "-lv", "--verbosity", "--log-verbosity",
     "-h", "--help", "--usage", "--version",
 )  # fmt: skip
 ACCEPTED = ("-cb", "--cont-batching", "--ui", "--webui", "--no-ui", "--no-webui", "--jinja", "--no-jinja")
-# Refused with their own message: --no-cont-batching (always on), --chat-template-file
-# (read, then refused: ServerActor takes no template).
-SPECIAL = ("-nocb", "--no-cont-batching", "--chat-template-file")
+# Refused with their own message: --no-cont-batching (always on).
+SPECIAL = ("-nocb", "--no-cont-batching")
 OURS = ("--strategy", "--replicas", "--backend", "--max-queue", "--chunk-size", "--drain-timeout")
 UNSUPPORTED = tuple(
     name
@@ -264,6 +265,10 @@ def test_api_key_file_is_read_at_startup(tmp_path: Path) -> None:
         (["--reasoning", "auto"], ()),
         (["--chat-template-kwargs", '{"a": "x", "b": true}'], (("a", "x"), ("b", True))),
         (
+            ["--chat-template-kwargs", '{"n": 3, "l": [1, null], "d": {"k": 0.5}}'],
+            (("n", 3), ("l", (1, None)), ("d", MappingProxyType({"k": 0.5}))),
+        ),
+        (
             ["--chat-template-kwargs", '{"enable_thinking": true, "a": "x"}', "--reasoning", "off"],
             (("a", "x"), ("enable_thinking", False)),
         ),
@@ -405,8 +410,7 @@ def test_unsupported_flag_is_refused_by_name(capsys: CapSys, flag: str) -> None:
 
 def test_unsupported_flag_after_supported_ones_and_with_equals(capsys: CapSys) -> None:
     assert "--lora is a llama-server flag" in refusal(capsys, "-c", "64", "--lora=adapter.gguf")
-    assert "--chat-template is a llama-server flag" in refusal(capsys, "--chat-template", "chatml")
-    assert "no option for another" in refusal(capsys, "--chat-template", "chatml")
+    assert "--mmproj is a llama-server flag" in refusal(capsys, "-c", "64", "--mmproj=x.gguf", "--port", "1")
 
 
 def test_no_cont_batching_is_refused(capsys: CapSys) -> None:
@@ -414,13 +418,54 @@ def test_no_cont_batching_is_refused(capsys: CapSys) -> None:
         assert f"{flag}: continuous batching is always on" in refusal(capsys, flag)
 
 
-def test_chat_template_file_is_read_then_refused(capsys: CapSys, tmp_path: Path) -> None:
+def test_chat_template_file_is_read_at_startup(tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
-    template.write_text("{{ messages }}", encoding="utf-8")
-    err = refusal(capsys, "-c", "64", "--chat-template-file", str(template))
-    assert "--chat-template-file" in err and "no option for another" in err
+    template.write_text("{{ messages[0].content }} é\n", encoding="utf-8")
+    assert options("--chat-template-file", str(template))["chat_template"] == "{{ messages[0].content }} é\n"
+    env = {"LLAMA_ARG_CHAT_TEMPLATE_FILE": str(template)}
+    assert options(env=env)["chat_template"] == "{{ messages[0].content }} é\n"
+    assert "chat_template" not in options()  # the model's own
+
+
+def test_chat_template_file_that_cannot_be_read(capsys: CapSys, tmp_path: Path) -> None:
     missing = str(tmp_path / "no")
     assert "cannot read the chat template file" in refusal(capsys, "--chat-template-file", missing)
+    binary = tmp_path / "b.jinja"
+    binary.write_bytes(b"\xff\xfe{{ x }}")
+    assert "cannot read the chat template file" in refusal(capsys, "--chat-template-file", str(binary))
+
+
+def test_chat_template_is_jinja_text_or_a_name_llama_cpp_has() -> None:
+    jinja = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert options("--chat-template", jinja)["chat_template"] == jinja
+    assert options(env={"LLAMA_ARG_CHAT_TEMPLATE": jinja})["chat_template"] == jinja
+    from llama_cpp import llama_chat_format  # the copies the CLI keeps are llama_cpp's own
+
+    assert options("--chat-template", "chatml")["chat_template"] == llama_chat_format.CHATML_CHAT_TEMPLATE
+    llama3 = llama_chat_format.LLAMA3_INSTRUCT_CHAT_TEMPLATE
+    assert options("--chat-template", "llama3")["chat_template"] == llama3
+
+
+def test_chat_template_names_we_cannot_resolve_are_refused_by_name(capsys: CapSys) -> None:
+    for name in ("command-r", "deepseek2", "mistral-v7", "phi3"):
+        err = refusal(capsys, "-c", "64", "--chat-template", name)
+        assert f"{name!r} is the name of a template built into llama.cpp" in err and "chatml" in err
+
+
+def test_chat_template_and_its_file_together_are_refused(capsys: CapSys, tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}", encoding="utf-8")
+    err = refusal(capsys, "-c", "64", "--chat-template", "chatml", "--chat-template-file", str(template))
+    assert "give --chat-template or --chat-template-file, not both" in err
+
+
+def test_a_broken_chat_template_stops_the_start_with_exit_1(capsys: CapSys) -> None:
+    # ServerActor checks it in the caller's thread: a ConfigError, one clean line.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_cli.os, "environ", {})
+        assert main(["serve", "-c", "64", "--chat-template", "{% for m in messages %}"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "chat_template is not a valid Jinja2 template" in err
 
 
 def test_not_a_llama_server_flag_is_argparses_error(capsys: CapSys) -> None:
@@ -455,7 +500,10 @@ def test_not_a_llama_server_flag_is_argparses_error(capsys: CapSys) -> None:
         (["--reasoning", "sometimes"], "argument -rea/--reasoning"),
         (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
         (["--chat-template-kwargs", "{"], "not valid JSON"),
-        (["--chat-template-kwargs", '{"n": 3}'], "only strings and booleans"),
+        (["--chat-template-kwargs", '{"1n": 3}'], "'1n' is not a variable name"),
+        (["--chat-template-kwargs", '{"messages": []}'], "set by the chat formatter itself"),
+        (["--chat-template-kwargs", '{"n": NaN}'], "must be a finite number"),
+        (["--chat-template-kwargs", '{"n": "' + "x" * 70_000 + '"}'], "at most 65536"),
         (["--host", ","], "no address given"),
         (["--host", "/tmp/llama.sock"], "UNIX sockets"),
         (["--strategy", "Fastest"], "'Fastest' is not one of DecodeMaximal"),

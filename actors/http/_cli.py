@@ -90,12 +90,18 @@ class ServePlan:
 _VERBOSITY = ("critical", "error", "warning", "info", "debug")  # llama.cpp's 0-4; 5 is debug too
 
 
+_MAX_FILE_CHARS = 1 << 24  # a file a flag names is read whole: not /dev/zero
+
+
 def _read_text(path: str, what: str) -> str:
     try:
         with open(path, encoding="utf-8") as file:
-            return file.read()
+            text = file.read(_MAX_FILE_CHARS + 1)
     except (OSError, UnicodeDecodeError) as e:
         raise CliError(f"cannot read the {what} {path!r}: {e}") from None
+    if len(text) > _MAX_FILE_CHARS:
+        raise CliError(f"cannot read the {what} {path!r}: more than {_MAX_FILE_CHARS} characters")
+    return text
 
 
 def _host_ram_mb() -> int:
@@ -145,15 +151,14 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Serv
 def _plan(v: Mapping[str, Any]) -> ServePlan:
     notes: list[str] = []
     if v["jinja"] is False:
-        notes.append("--no-jinja has no effect: the model's chat template is always rendered with Jinja")
+        notes.append("--no-jinja has no effect: chat templates are always rendered with Jinja")
     if v["ui"]:
         notes.append("--ui has no effect: llama-cpp-actors has no web UI")
+    template = v["chat_template"]
     if v["chat_template_file"] is not None:
-        _read_text(v["chat_template_file"], "chat template file")
-        raise CliError(
-            "--chat-template-file is a llama-server flag that llama-cpp-actors does not support yet: "
-            "ServerActor renders the model's own chat template and has no option for another"
-        )
+        if template is not None:
+            raise CliError("give --chat-template or --chat-template-file, not both")
+        template = _read_text(v["chat_template_file"], "chat template file")
     model_path = v["model"]
     if model_path is None:
         try:
@@ -176,6 +181,8 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
     if per_slot or unified:
         options["n_ctx_per_slot"] = per_slot or n_ctx
     options.update({key: v[dest] for dest, key in _PASSED_IF_GIVEN.items() if v[dest] is not None})
+    if template is not None:  # checked by ServerActor: at most 256 KiB, and it compiles
+        options["chat_template"] = template
     sampling = {key: v[dest] for dest, key in _SAMPLING.items() if v[dest] is not None}
     if sampling.get("seed") in (-1, 2**32 - 1):  # llama.cpp's LLAMA_DEFAULT_SEED: random
         sampling["seed"] = None
@@ -191,7 +198,7 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
     replicas = v["replicas"] or 1
     backend = v["backend"] or "local"
     pool = None if replicas == 1 and backend == "local" else {"replicas": replicas, "backend": backend}
-    kwargs: list[tuple[str, bool | str]] = list(v["chat_template_kwargs"] or ())
+    kwargs: list[tuple[str, Any]] = list(v["chat_template_kwargs"] or ())
     if v["reasoning"] is not None:  # on/off; auto leaves the template's own default
         kwargs = [(k, x) for k, x in kwargs if k != "enable_thinking"] + [("enable_thinking", v["reasoning"])]
     settings = HttpSettings(

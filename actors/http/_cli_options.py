@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import strategies
+from actors import ConfigError
 from actors.http._flags import LlamaFlag, by_spelling
+from actors.http._settings import HttpSettings
 
 __all__ = ["CliError"]
 
@@ -121,17 +124,47 @@ def _gpu_layers(text: str) -> int:
     return _integer(0, 2**31 - 1, extra=(-1,))(text)
 
 
-def _template_kwargs(text: str) -> tuple[tuple[str, bool | str], ...]:
+def _template_kwargs(text: str) -> tuple[tuple[str, Any], ...]:
     try:
         value = json.loads(text)
     except ValueError as e:
         raise ValueError(f"not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise ValueError("must be a JSON object")
-    for key, item in value.items():
-        if not isinstance(item, bool | str):
-            raise ValueError(f"{key!r}: only strings and booleans are supported, got {json.dumps(item)}")
-    return tuple(value.items())
+    try:  # names and values checked as a Chat's template_kwargs are
+        return HttpSettings(chat_template_kwargs=tuple(value.items())).chat_template_kwargs
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+
+
+# llama-server's --chat-template also takes the name of a template built into llama.cpp.
+# We render only Jinja: the names whose Jinja text llama_cpp ships (llama_chat_format's
+# CHATML_CHAT_TEMPLATE and LLAMA3_INSTRUCT_CHAT_TEMPLATE, copied here because only the
+# backend may import llama_cpp; tests/test_http_cli.py checks that they are the same).
+_BUILTIN_TEMPLATES = MappingProxyType(
+    {
+        "chatml": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+        "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_start|>assistant\n' }}{% endif %}",
+        "llama3": "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+        "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+        "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+        "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
+    }
+)
+
+
+def _template_text(text: str) -> str:
+    if text in _BUILTIN_TEMPLATES:
+        return _BUILTIN_TEMPLATES[text]
+    if re.fullmatch(r"[\w.+-]+", text):  # a name, not a template (which would print just it)
+        raise ValueError(
+            f"{text!r} is the name of a template built into llama.cpp that llama-cpp-actors cannot "
+            f"resolve (it knows {', '.join(_BUILTIN_TEMPLATES)}); pass the template's Jinja text, "
+            "or its file with --chat-template-file"
+        )
+    return text
 
 
 # -- the options ------------------------------------------------------------------------
@@ -222,16 +255,20 @@ _OPTIONS = (
     _Option("--cors-credentials", "cors_credentials", "allow credentials for CORS; with origins * the "
             "Origin is echoed (default: enabled)"),
     _Option("--jinja", "jinja", "use the Jinja template engine for chat (default: enabled). Ours "
-            "always renders the model's own template with Jinja: --jinja and --no-jinja change nothing"),
-    _Option("--chat-template-file", "chat_template_file", "a custom Jinja chat template file: read, "
-            "then refused: ServerActor has no option for a template other than the model's", str,
-            "FILE"),
+            "always renders chat templates with Jinja: --jinja and --no-jinja change nothing"),
+    _Option("--chat-template", "chat_template", "a custom chat template, ServerActor's chat_template: "
+            f"Jinja text, or a built-in name llama_cpp has the Jinja of ({', '.join(_BUILTIN_TEMPLATES)}; "
+            "llama.cpp's other names are refused) (default: the model's own, from its GGUF metadata)",
+            _template_text, "JINJA_TEMPLATE"),
+    _Option("--chat-template-file", "chat_template_file", "a custom Jinja chat template file, read once "
+            "at startup: ServerActor's chat_template (default: the model's own; not with "
+            "--chat-template)", str, "FILE"),
     _Option("--reasoning", "reasoning", "thinking in the chat: on, off or auto; on/off set the "
             "template's enable_thinking (default: auto: the template's own default)", _choice(_SWITCH),
             "on|off|auto"),
     _Option("--chat-template-kwargs", "chat_template_kwargs", "extra chat template variables, a JSON "
-            "object of strings and booleans (--reasoning wins on enable_thinking)", _template_kwargs,
-            "JSON"),
+            "object of JSON values (--reasoning wins on enable_thinking; a request's own win over "
+            "these)", _template_kwargs, "JSON"),
     _Option("--cont-batching", "cont_batching", "continuous batching (default: enabled). Ours is "
             "always on: --cont-batching is accepted, --no-cont-batching refused"),
     _Option("--ui", "ui", "the web UI (default: enabled). llama-cpp-actors has none: --ui, --no-ui, "
@@ -243,9 +280,6 @@ _OPTIONS = (
 _ACCEPTED = frozenset({"cont_batching", "ui", "jinja"})  # switches without effect
 _REFUSED_NEGATIONS = MappingProxyType(
     {"cont_batching": "continuous batching is always on in llama-cpp-actors"}
-)
-_SPECIAL_REFUSALS = MappingProxyType(
-    {"--chat-template": "ServerActor renders the model's own chat template and has no option for another"}
 )
 _OURS = (  # (spellings, dest, convert, metavar, help)
     (("--strategy",), "strategy", _choice({n: n for n in _STRATEGIES}), "NAME",

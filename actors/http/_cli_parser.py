@@ -18,7 +18,6 @@ from actors.http._cli_options import (
     _OPTIONS,
     _OURS,
     _REFUSED_NEGATIONS,
-    _SPECIAL_REFUSALS,
     CliError,
     _llama_flag,
 )
@@ -120,9 +119,6 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
         if not names:
             continue
         message = "{flag} is a llama-server flag that llama-cpp-actors does not support"
-        reason = next((_SPECIAL_REFUSALS[n] for n in names if n in _SPECIAL_REFUSALS), None)
-        if reason:
-            message += f": {reason}"
         serve.add_argument(*names, nargs=flag.n_values, action=_refuse(message), help=argparse.SUPPRESS)
 
 

@@ -7,8 +7,9 @@ Frozen and checked on construction (the caller's thread), like every message.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from actors import ConfigError
+from actors import Chat, ConfigError, InvalidRequest
 
 __all__ = ["HttpSettings"]
 
@@ -39,8 +40,9 @@ class HttpSettings:
             ``-n``); -1: up to the context of a slot.
         max_body_bytes: larger request bodies get 413.
         drain_timeout_s: on SIGTERM/SIGINT, how long in-flight requests may finish.
-        chat_template_kwargs: extra variables for the chat template (``--reasoning``
-            sets ``enable_thinking``).
+        chat_template_kwargs: extra variables for the chat template, (name, JSON value)
+            pairs checked as a ``Chat``'s ``template_kwargs`` are and stored frozen
+            (``--chat-template-kwargs``; ``--reasoning`` sets ``enable_thinking``).
         verbose: log every request.
     """
 
@@ -56,7 +58,7 @@ class HttpSettings:
     n_predict: int = -1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout_s: float = 30.0
-    chat_template_kwargs: tuple[tuple[str, bool | str], ...] = ()
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     verbose: bool = False
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class HttpSettings:
         for name in ("cors_origins", "cors_methods", "cors_headers"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name} must be a str")
+        object.__setattr__(self, "chat_template_kwargs", _template_pairs(self.chat_template_kwargs))
         if type(self.n_predict) is not int or self.n_predict < -1 or self.n_predict == 0:
             raise ConfigError(f"n_predict must be -1 or an int >= 1, got {self.n_predict!r}")
         if type(self.max_body_bytes) is not int or not 1024 <= self.max_body_bytes <= 1 << 30:
@@ -80,3 +83,19 @@ class HttpSettings:
             raise ConfigError(
                 f"drain_timeout_s must be within [0, 3600] seconds, got {self.drain_timeout_s!r}"
             )
+
+
+def _template_pairs(value: object) -> tuple[tuple[str, Any], ...]:
+    """``value`` checked by the one checker a ``Chat``'s ``template_kwargs`` go through."""
+    pairs = value if isinstance(value, tuple) else None
+    if pairs is None or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+        raise ConfigError("chat_template_kwargs must be a tuple of (name, JSON value) pairs")
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ConfigError("chat_template_kwargs names a variable twice")
+    try:
+        chat = Chat([{"role": "user", "content": "-"}], template_kwargs=dict(pairs))
+    except InvalidRequest as e:
+        raise ConfigError(str(e).replace("template_kwargs", "chat_template_kwargs", 1)) from None
+    assert chat.template_kwargs is not None
+    return tuple(chat.template_kwargs.items())
