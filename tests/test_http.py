@@ -35,7 +35,8 @@ class Running:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", http="h11")  # as serve()
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
 
@@ -409,3 +410,46 @@ def test_300_clients_with_random_disconnects_each_get_one_outcome(model_path: st
         wait_until(lambda: idle(server), seconds=30)
     finally:
         server.stop()
+
+
+def test_llama_server_prompt_forms(running: Running) -> None:
+    ids = httpx.post(running.url + "/tokenize", json={"content": "I believe"}).json()["tokens"]
+    base = {"n_predict": 4, "temperature": 0}
+    several = httpx.post(running.url + "/completion", json={**base, "prompt": [ids, "I believe"]}, timeout=60)
+    assert several.status_code == 200 and [r["index"] for r in several.json()] == [0, 1]
+    mixed = httpx.post(running.url + "/completion", json={**base, "prompt": [ids[0], " believe"]}, timeout=60)
+    assert mixed.status_code == 200 and mixed.json()["tokens_evaluated"] >= 2
+    as_json = httpx.post(
+        running.url + "/completion", json={**base, "prompt": {"prompt_string": "Hi"}}, timeout=60
+    )
+    assert as_json.status_code == 200
+    image = {"prompt_string": "Hi <__media__>", "multimodal_data": ["aGk="]}
+    assert httpx.post(running.url + "/completion", json={**base, "prompt": image}).status_code == 400
+    too_many = httpx.post(running.url + "/completion", json={**base, "prompt": [ids] * 17})
+    assert too_many.status_code == 400
+
+
+def test_llama_server_extras(running: Running) -> None:
+    count = httpx.post(running.url + "/v1/chat/completions/input_tokens", json={"messages": CHAT}).json()
+    assert count["input_tokens"] > 5
+    verbose = httpx.post(
+        running.url + "/v1/chat/completions",
+        json={"messages": CHAT, "max_tokens": 2, "verbose": True},
+        timeout=60,
+    ).json()
+    assert "Name a colour." in verbose["__verbose"]["prompt"]
+    banned = httpx.post(
+        running.url + "/completion",
+        json={
+            "prompt": "The capital of France is",
+            "n_predict": 3,
+            "temperature": 0,
+            "logit_bias": {" Paris": -100},
+        },
+        timeout=60,
+    ).json()
+    assert "Paris" not in banned["content"]
+    twice = [*CHAT, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert httpx.post(running.url + "/v1/chat/completions", json={"messages": twice}).status_code == 400
+    raw = httpx.options(running.url + "/completion", headers={"Origin": "http://x.test"})
+    assert (b"Access-Control-Allow-Origin", b"http://x.test") in raw.headers.raw  # llama-server's case

@@ -109,6 +109,8 @@ def _routes() -> list[Route]:
         "/v1/completions": _openai.completions,
         "/chat/completions": _openai.chat_completions,
         "/v1/chat/completions": _openai.chat_completions,
+        "/chat/completions/input_tokens": _openai.input_tokens,
+        "/v1/chat/completions/input_tokens": _openai.input_tokens,
         "/tokenize": _native.tokenize,
         "/detokenize": _native.detokenize,
         "/apply-template": _native.apply_template,
@@ -164,7 +166,7 @@ class _Gate:
             *extra,
         ]
         if status == 503:
-            headers.append((b"retry-after", b"1"))
+            headers.append((b"Retry-After", b"1"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -174,15 +176,17 @@ class _Gate:
             return
         headers = dict(scope["headers"])
         origin = self._allow_origin(headers)
-        cors = [(b"access-control-allow-origin", origin)] if origin is not None else []
+        # llama-server's capitalisation: some clients (its own test suite) compare names exactly.
+        cors = [(b"Access-Control-Allow-Origin", origin)] if origin is not None else []
         settings, service = self.service.settings, self.service
         if scope["method"] == "OPTIONS":
             preflight = [
                 *cors,
-                (b"access-control-allow-credentials", b"true" if settings.cors_credentials else b"false"),
-                (b"access-control-allow-methods", settings.cors_methods.encode("latin-1")),
-                (b"access-control-allow-headers", settings.cors_headers.encode("latin-1")),
-                (b"content-type", b"text/html"),
+                (b"Access-Control-Allow-Credentials", b"true" if settings.cors_credentials else b"false"),
+                (b"Access-Control-Allow-Methods", settings.cors_methods.encode("latin-1")),
+                (b"Access-Control-Allow-Headers", settings.cors_headers.encode("latin-1")),
+                (b"Content-Type", b"text/html"),
+                (b"Content-Length", b"0"),
             ]
             await send({"type": "http.response.start", "status": 200, "headers": preflight})
             await send({"type": "http.response.body", "body": b""})

@@ -55,15 +55,15 @@ def error_body(status: int, message: str) -> bytes:
 
 def error_response(error: HttpError) -> Response:
     """The response for ``error``; a 503 says when to retry."""
-    headers = dict(error.headers)
-    if error.status == 503:
-        headers.setdefault("Retry-After", str(RETRY_AFTER_S))
-    return Response(
+    response = Response(
         error_body(error.status, error.message),
         status_code=error.status,
-        headers=headers,
+        headers=error.headers,
         media_type="application/json; charset=utf-8",
     )
+    if error.status == 503 and "retry-after" not in response.headers:
+        response.raw_headers.append((b"Retry-After", str(RETRY_AFTER_S).encode()))
+    return response
 
 
 def from_engine_error(error: EngineError) -> HttpError:

@@ -65,13 +65,16 @@ async def complete(
     messages: Messages | None,
     options: dict[str, Any],
 ) -> Completion:
-    """The whole ``Completion``; the request is cancelled if the client leaves first."""
+    """The whole ``Completion``; the request is cancelled if the client leaves first
+    (``request`` None: the caller watches for that)."""
     engine = _engine(service)
-    try:
-        if messages is not None:
-            return await unless_disconnected(request, achat(engine, messages, **options))
+    if messages is not None:
+        work = achat(engine, messages, **options)
+    else:
         assert prompt is not None
-        return await unless_disconnected(request, agenerate(engine, prompt, **options))
+        work = agenerate(engine, prompt, **options)
+    try:
+        return await (work if request is None else unless_disconnected(request, work))
     except EngineError as e:
         raise from_engine_error(e) from None
 

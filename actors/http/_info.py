@@ -106,7 +106,13 @@ async def slots(request: Request) -> Response:
                 "is_processing": busy,
                 "state": sample.state,
                 "n_tokens": sample.kv_tokens,
-                "next_token": [{"has_next_token": busy, "n_decoded": sample.generated_tokens}],
+                "next_token": [
+                    {
+                        "has_next_token": busy,
+                        "n_decoded": sample.generated_tokens if busy else 0,
+                        "n_remain": -1,
+                    }
+                ],
             }
         )
     return json_response(listing)
@@ -118,8 +124,7 @@ async def metrics(request: Request) -> Response:
     if service.metrics is None:
         raise HttpError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
     text = await asyncio.to_thread(service.metrics.render)
-    return Response(
-        text,
-        media_type="text/plain; version=0.0.4",
-        headers={"Process-Start-Time-Unix": str(int(service.t_started))},
-    )
+    response = Response(text, media_type="text/plain; version=0.0.4")
+    # Appended raw: Starlette lowercases header names, llama-server's clients read this one as is.
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(int(service.t_started)).encode()))
+    return response

@@ -6,7 +6,8 @@ Handlers run on the event loop; the engine is reached only through the public he
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -27,9 +28,18 @@ from actors.http._generation import (
 )
 from actors.http._params import _OFF_VALUES, max_tokens, sampling_options
 from actors.http._service import Service
-from actors.http._stream import EventStream
+from actors.http._stream import EventStream, unless_disconnected
 
-__all__ = ["apply_template", "completion", "detokenize", "json_response", "tokenize"]
+__all__ = [
+    "apply_template",
+    "complete_all",
+    "completion",
+    "detokenize",
+    "final_json",
+    "json_response",
+    "prompts_of",
+    "tokenize",
+]
 
 _SEED_RANDOM = 0xFFFFFFFF
 
@@ -39,17 +49,44 @@ def json_response(value: Any, status: int = 200) -> Response:
     return Response(dumps(value), status_code=status, media_type="application/json; charset=utf-8")
 
 
-def prompt_of(value: object) -> str | list[int]:
-    """``prompt`` as text or token ids (a one-element list of either is unwrapped)."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
-        value = value[0]
+# The most prompts one request may carry (each runs as its own request).
+MAX_PROMPTS = 16
+
+
+def _one_prompt(value: object, tokenize: Callable[[str], list[int]]) -> str | list[int]:
+    """A single prompt: text, token ids, text and ids mixed, or ``{"prompt_string": ...}``."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(type(t) is int for t in value):
-        return value
-    if isinstance(value, list) and value and all(isinstance(p, str | list) for p in value):
-        raise HttpError(400, "several prompts in one request are not supported; send one request each")
-    raise HttpError(400, "'prompt' must be a string or a list of token ids")
+    if isinstance(value, Mapping):
+        if value.get("multimodal_data"):
+            raise HttpError(400, "multimodal prompts are not supported by this server (no projector)")
+        text = value.get("prompt_string")
+        if not isinstance(text, str):
+            raise HttpError(400, "a JSON prompt needs a string 'prompt_string'")
+        return text
+    if isinstance(value, list) and value and all(type(t) is int or isinstance(t, str) for t in value):
+        if all(type(t) is int for t in value):
+            return value
+        tokens: list[int] = []  # llama.cpp's mixed prompt: text pieces tokenized in place
+        for piece in value:
+            tokens.extend(tokenize(piece) if isinstance(piece, str) else [piece])
+        return tokens
+    raise HttpError(400, "'prompt' must be a string, a list of token ids, or a list of prompts")
+
+
+def prompts_of(value: object, tokenize: Callable[[str], list[int]]) -> list[str | list[int]]:
+    """``prompt`` as llama-server reads it: one prompt, or a list of prompts."""
+    if isinstance(value, list) and value and any(isinstance(p, list | Mapping) for p in value):
+        if len(value) > MAX_PROMPTS:
+            raise HttpError(400, f"at most {MAX_PROMPTS} prompts per request")
+        return [_one_prompt(p, tokenize) for p in value]
+    if isinstance(value, list) and value and all(isinstance(p, str) for p in value) and len(value) > 1:
+        if len(value) > MAX_PROMPTS:
+            raise HttpError(400, f"at most {MAX_PROMPTS} prompts per request")
+        return list(value)
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        return [value[0]]
+    return [_one_prompt(value, tokenize)]
 
 
 def generation_settings(service: Service, options: Mapping[str, Any], stream: bool) -> dict[str, Any]:
@@ -88,7 +125,7 @@ def generation_settings(service: Service, options: Mapping[str, Any], stream: bo
     }
 
 
-def _final(
+def final_json(
     service: Service, completion: Completion, options: Mapping[str, Any], *, stream: bool, tokens: bool
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
@@ -137,14 +174,24 @@ async def completion(request: Request) -> Response | EventStream:
     body = await _body(request)
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required")
-    prompt = prompt_of(body["prompt"])
+    prompts = prompts_of(body["prompt"], service.tokenize)
     options = completion_options(service, body)
     stream = body.get("stream") is True
     return_tokens = body.get("return_tokens") is True
     if not stream:
-        done = await complete(service, request, prompt=prompt, messages=None, options=options)
-        return json_response(_final(service, done, options, stream=False, tokens=return_tokens))
-    opened = await open_stream(service, request, prompt=prompt, messages=None, options=options)
+        if len(prompts) == 1:
+            done = await complete(service, request, prompt=prompts[0], messages=None, options=options)
+            return json_response(final_json(service, done, options, stream=False, tokens=return_tokens))
+        dones = await complete_all(service, request, prompts, options)
+        return json_response(
+            [
+                {**final_json(service, done, options, stream=False, tokens=return_tokens), "index": i}
+                for i, done in enumerate(dones)
+            ]
+        )
+    if len(prompts) > 1:
+        raise HttpError(400, "streaming several prompts in one request is not supported; send one each")
+    opened = await open_stream(service, request, prompt=prompts[0], messages=None, options=options)
     return EventStream(_native_events(service, opened, options))
 
 
@@ -168,9 +215,25 @@ async def _native_events(
                     chunk["completion_probabilities"] = logprobs_json([event.logprob])
                 yield sse(chunk)
             elif isinstance(event, Done):
-                yield sse(_final(service, event.completion, options, stream=True, tokens=False))
+                yield sse(final_json(service, event.completion, options, stream=True, tokens=False))
     except HttpError as e:
         yield error_event(e)
+
+
+async def complete_all(
+    service: Service, request: Request, prompts: Sequence[str | list[int]], options: dict[str, Any]
+) -> list[Completion]:
+    """Every prompt as its own request, side by side; the first failure (or the client
+    leaving) cancels the others."""
+    tasks = [
+        asyncio.ensure_future(complete(service, None, prompt=p, messages=None, options=options))
+        for p in prompts
+    ]
+    try:
+        return list(await unless_disconnected(request, asyncio.gather(*tasks)))
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _special(body: Mapping[str, Any], name: str, default: bool) -> bool:

@@ -7,6 +7,7 @@ Handlers run on the event loop; the engine is reached only through the public he
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -16,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import actors
-from actors import Completion, Done, Token
-from actors.http._errors import HttpError
+from actors import Completion, Done, EngineError, Token
+from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
     complete,
@@ -28,12 +29,12 @@ from actors.http._generation import (
     sse,
     timings,
 )
-from actors.http._native import json_response, prompt_of
+from actors.http._native import complete_all, final_json, json_response, prompts_of
 from actors.http._params import chat_messages, max_tokens, sampling_options
 from actors.http._service import Service
 from actors.http._stream import EventStream
 
-__all__ = ["chat_completions", "completions"]
+__all__ = ["chat_completions", "completions", "input_tokens"]
 
 _FINGERPRINT = f"llama-cpp-actors-{actors.__version__}"
 _DONE = b"data: [DONE]\n\n"
@@ -110,6 +111,18 @@ def _usage(completion: Completion) -> dict[str, Any]:
     }
 
 
+def _usage_of(completions: list[Completion]) -> dict[str, Any]:
+    prompt = sum(c.prompt_tokens for c in completions)
+    generated = sum(c.generated_tokens for c in completions)
+    cached = sum(c.prefix_cache_tokens for c in completions)
+    return {
+        "completion_tokens": generated,
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + generated,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
 def _envelope(kind: str, cmpl_id: str, model: str) -> dict[str, Any]:
     return {
         "id": cmpl_id,
@@ -133,26 +146,35 @@ async def completions(request: Request) -> Response | EventStream:
         raise HttpError(400, "the request body must be a JSON object")
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required")
-    prompt = prompt_of(body["prompt"])
+    prompts = prompts_of(body["prompt"], service.tokenize)
     options = _options(service, body, chat=False)
     cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
-        done = await complete(service, request, prompt=prompt, messages=None, options=options)
-        choice = {
-            "text": done.text,
-            "index": 0,
-            "logprobs": {"content": logprobs_json(done.logprobs)} if done.logprobs else None,
-            "finish_reason": finish_reason(done),
-        }
+        if len(prompts) == 1:
+            dones = [await complete(service, request, prompt=prompts[0], messages=None, options=options)]
+        else:
+            dones = await complete_all(service, request, prompts, options)
+        choices = [
+            {
+                "text": done.text,
+                "index": i,
+                "logprobs": {"content": logprobs_json(done.logprobs)} if done.logprobs else None,
+                "finish_reason": finish_reason(done),
+            }
+            for i, done in enumerate(dones)
+        ]
+        usage = _usage(dones[0]) if len(dones) == 1 else _usage_of(dones)
         return json_response(
             {
                 **_envelope("text_completion", cmpl_id, model),
-                "choices": [choice],
-                "usage": _usage(done),
-                "timings": timings(done),
+                "choices": choices,
+                "usage": usage,
+                "timings": timings(dones[0]),
             }
         )
-    opened = await open_stream(service, request, prompt=prompt, messages=None, options=options)
+    if len(prompts) > 1:
+        raise HttpError(400, "streaming several prompts in one request is not supported; send one each")
+    opened = await open_stream(service, request, prompt=prompts[0], messages=None, options=options)
     return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body)))
 
 
@@ -194,16 +216,40 @@ async def chat_completions(request: Request) -> Response | EventStream:
         }
         if done.logprobs:
             choice["logprobs"] = {"content": logprobs_json(done.logprobs)}
-        return json_response(
-            {
-                **_envelope("chat.completion", cmpl_id, model),
-                "choices": [choice],
-                "usage": _usage(done),
-                "timings": timings(done),
+        reply = {
+            **_envelope("chat.completion", cmpl_id, model),
+            "choices": [choice],
+            "usage": _usage(done),
+            "timings": timings(done),
+        }
+        if body.get("verbose") is True:  # llama-server's debugging view: the native answer
+            prompt = await asyncio.to_thread(service.need_tokenizer().apply_chat_template, messages)
+            reply["__verbose"] = {
+                **final_json(service, done, options, stream=False, tokens=False),
+                "prompt": prompt,
             }
-        )
+        return json_response(reply)
     opened = await open_stream(service, request, prompt=None, messages=messages, options=options)
     return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body)))
+
+
+async def input_tokens(request: Request) -> Response:
+    """``POST /v1/chat/completions/input_tokens``: how many tokens the chat's prompt has."""
+    service: Service = request.app.state.service
+    body = request.state.json
+    if not isinstance(body, dict):
+        raise HttpError(400, "the request body must be a JSON object")
+    messages = chat_messages(body.get("messages"))
+    tokenizer = service.need_tokenizer()
+
+    def count() -> int:
+        prompt = tokenizer.apply_chat_template(messages)
+        return len(tokenizer.tokenize(prompt, add_special=True, parse_special=True))
+
+    try:
+        return json_response({"input_tokens": await asyncio.to_thread(count)})
+    except EngineError as e:
+        raise from_engine_error(e) from None
 
 
 async def _chat_events(opened: Opened, cmpl_id: str, model: str, usage: bool) -> AsyncIterator[bytes]:

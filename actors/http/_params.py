@@ -96,8 +96,8 @@ def _stop(value: object) -> list[str] | None:
 
 
 def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int, float] | None:
-    """llama-server's forms: ``{"15043": 1.0}``, ``[[15043, 1.0]]``, ``[["Hello", -0.5]]``;
-    a bias of ``false`` bans the token."""
+    """llama-server's forms: ``{"15043": 1.0}``, ``[[15043, 1.0]]``, ``[["Hello", -0.5]]``,
+    ``{"Hello": -0.5}`` (text: every token of it); a bias of ``false`` bans the token."""
     if value is None:
         return None
     if isinstance(value, Mapping):
@@ -125,7 +125,7 @@ def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int
             ids = [key]
         elif isinstance(key, str) and key.isdigit() and len(key) <= 10:
             ids = [int(key)]
-        elif isinstance(key, str) and isinstance(value, list):
+        elif isinstance(key, str):
             ids = tokenize(key)  # a piece of text: every token of it
         else:
             raise _fail(f"logit_bias key {key[:40]!r} is not a token id")
@@ -237,4 +237,6 @@ def chat_messages(value: object) -> list[dict[str, str]]:
         if message.get("tool_calls"):
             raise _fail("tool calls are not supported by this server")
         messages.append({"role": role, "content": content})
+    if len(messages) >= 2 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
+        raise _fail("a chat cannot end with two assistant messages")
     return messages

@@ -92,6 +92,10 @@ def serve(
         timeout_graceful_shutdown=_CLOSE_GRACE_S,
         lifespan="on",
         server_header=False,
+        # h11 sends header names as the app wrote them (httptools lowercases them);
+        # llama-server's own clients compare a few names exactly. Its cost is a few
+        # microseconds per event, under the noise of bench/http.py.
+        http="h11",
     )
     server = _DrainingServer(config, service)
     service.on_load_failed = server.load_failed
