@@ -69,6 +69,18 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
     ("logprobs 100", lambda: Generate("hi", logprobs=100), InvalidRequest, "caller"),
     ("unknown role", lambda: Chat([{"role": "robot", "content": "hi"}]), InvalidRequest, "caller"),
     ("no messages", lambda: Chat([]), InvalidRequest, "caller"),
+    (
+        "template_kwargs not JSON",
+        lambda: Chat([{"role": "user", "content": "hi"}], template_kwargs={"a": object()}),
+        InvalidRequest,
+        "caller",
+    ),
+    (
+        "template_kwargs naming messages",
+        lambda: Chat([{"role": "user", "content": "hi"}], template_kwargs={"messages": []}),
+        InvalidRequest,
+        "caller",
+    ),
     ("deadline 0", lambda: Generate("hi", deadline_s=0), InvalidRequest, "caller"),
     ("priority a float", lambda: Generate("hi", priority=0.5), InvalidRequest, "caller"),
     ("reply_to without put", lambda: Stream("hi", reply_to=[]), InvalidRequest, "caller"),

@@ -156,6 +156,14 @@ def test_every_request_option_is_in_the_table() -> None:
         assert options <= {f.name for f in dataclasses.fields(message)}
 
 
+def test_every_chat_option_is_in_the_table() -> None:
+    text = page("reference/requests.md").split("## Chat options")[1]
+    names = first_column(text, "| option | default | meaning |")
+    shared = {f.name for f in dataclasses.fields(actors.Generate)}
+    for message, own in ((actors.Chat, {"messages"}), (actors.StreamChat, {"messages", "reply_to"})):
+        assert sorted(names) == sorted({f.name for f in dataclasses.fields(message)} - shared - own)
+
+
 def test_every_completion_field_is_in_the_table() -> None:
     names = first_column(page("reference/requests.md"), "| field | meaning |")
     assert names == [f.name for f in dataclasses.fields(actors.Completion)]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 import queue
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -152,3 +154,79 @@ def test_chat_messages_are_frozen_copies() -> None:
     message = Chat(original)
     original[0]["content"] = "changed"
     assert message.messages[0]["content"] == "hi" and "name" not in message.messages[0]
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+_SELF: list[Any] = []
+_SELF.append(_SELF)
+
+
+@pytest.mark.parametrize(
+    ("template_kwargs", "match"),
+    [
+        ("enable_thinking", "must be a dict"),
+        ([("a", 1)], "must be a dict"),
+        ({1: True}, "not a variable name"),
+        ({"": True}, "not a variable name"),
+        ({"two words": True}, "not a variable name"),
+        ({"x" * 300: True}, "not a variable name"),
+        ({"messages": []}, "set by the chat formatter itself"),
+        ({"add_generation_prompt": False}, "set by the chat formatter itself"),
+        ({"bos_token": "<s>"}, "set by the chat formatter itself"),
+        ({"a": math.nan}, "finite number"),
+        ({"a": math.inf}, "finite number"),
+        ({"a": 2**64}, "64 bits"),
+        ({"a": object()}, "JSON value"),
+        ({"a": b"bytes"}, "JSON value"),
+        ({"a": {1, 2}}, "JSON value"),
+        ({"a": {1: "x"}}, "keys are strings"),
+        ({"a": "\ud800"}, "lone surrogate"),
+        ({"a": "x" * 70_000}, "at most"),
+        ({"a": ["x" * 1000] * 100}, "too large"),
+        ({"a": list(range(100_000))}, "too large"),
+        ({"a": _deep(17)}, "deeper than 16"),
+        ({"a": _SELF}, "deeper than 16"),
+    ],
+    ids=repr,
+)
+def test_bad_template_kwargs(template_kwargs: Any, match: str) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        Chat(HI, template_kwargs=template_kwargs)
+    with pytest.raises(InvalidRequest, match=match):
+        StreamChat(HI, reply_to=queue.Queue(), template_kwargs=template_kwargs)
+
+
+def test_template_kwargs_are_frozen_copies_that_pickle() -> None:
+    original: dict[str, Any] = {
+        "enable_thinking": False,
+        "n": 3,
+        "x": 0.5,
+        "s": "é",
+        "l": [1, [None, {"k": ["v"]}]],
+    }
+    message = Chat(HI, template_kwargs=original)
+    original["l"][1][1]["k"].append("changed")
+    original["n"] = 4
+    kwargs = message.template_kwargs
+    assert isinstance(kwargs, MappingProxyType)
+    assert dict(kwargs) == {
+        "enable_thinking": False, "n": 3, "x": 0.5, "s": "é",
+        "l": (1, (None, MappingProxyType({"k": ("v",)}))),
+    }  # fmt: skip
+    with pytest.raises(TypeError):
+        kwargs["n"] = 5  # type: ignore[index]
+    # A ServerPool pickles requests to Ray replicas: every nested mapping goes too.
+    again = pickle.loads(pickle.dumps(message))
+    assert again == message and again.template_kwargs == kwargs
+    assert Chat(HI).template_kwargs is None and Chat(HI, template_kwargs={}).template_kwargs == {}
+    stream = StreamChat(HI, reply_to=queue.Queue(), template_kwargs={"a": [{"b": 1}]})
+    assert stream.template_kwargs == {"a": (MappingProxyType({"b": 1}),)}

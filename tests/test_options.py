@@ -167,6 +167,22 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"grammar": ""}, "grammar"),
     ({"grammar": 5}, "grammar"),
     ({"grammar": 'root ::= "\ud800"'}, "grammar"),
+    # the chat template
+    ({"chat_template": ""}, "chat_template"),
+    ({"chat_template": "  "}, "chat_template"),
+    ({"chat_template": 5}, "chat_template"),
+    ({"chat_template": b"{{ messages }}"}, "chat_template"),
+    ({"chat_template": "{% for m in messages %}"}, "not a valid Jinja2 template"),
+    ({"chat_template": "{{ messages }"}, "not a valid Jinja2 template"),
+    ({"chat_template": "{% nosuchtag %}"}, "not a valid Jinja2 template"),
+    ({"chat_template": "{%" * 100_000}, "not a valid Jinja2 template"),
+    ({"chat_template": "{% if 1 %}" * 300 + "{% endif %}" * 300}, "not a valid Jinja2 template"),
+    ({"chat_template": "{{ x }}" + " " * 256 * 1024}, "at most 262144 characters"),
+    ({"chat_template": "{{ '\ud800' }}"}, "chat_template"),
+    ({"chat_template_kwargs": {"1x": True}}, "chat_template_kwargs key '1x'"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs key 'messages'"),
+    ({"chat_template_kwargs": {"a": object()}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": [("a", 1)]}, "chat_template_kwargs"),
 ]
 
 
