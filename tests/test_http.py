@@ -449,6 +449,11 @@ def test_llama_server_extras(running: Running) -> None:
         timeout=60,
     ).json()
     assert "Paris" not in banned["content"]
+    for bad in ("x", {"messages": 1}, {"9lives": True}):
+        response = httpx.post(
+            running.url + "/apply-template", json={"messages": CHAT, "chat_template_kwargs": bad}
+        )
+        assert response.status_code == 400, bad
     twice = [*CHAT, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
     assert httpx.post(running.url + "/v1/chat/completions", json={"messages": twice}).status_code == 400
     raw = httpx.options(running.url + "/completion", headers={"Origin": "http://x.test"})

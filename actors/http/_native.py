@@ -294,14 +294,15 @@ async def detokenize(request: Request) -> Response:
 
 async def apply_template(request: Request) -> Response:
     """``POST /apply-template``: the chat template applied to ``messages``, as ``prompt``."""
-    from actors.http._params import chat_messages
+    from actors.http._params import chat_messages, template_kwargs
 
     service: Service = request.app.state.service
     body = await _body(request)
     messages = chat_messages(body.get("messages"))
     tokenizer = service.need_tokenizer()
     try:
-        prompt = tokenizer.apply_chat_template(messages)
+        variables = template_kwargs(service.settings.chat_template_kwargs, body) or None
+        prompt = await asyncio.to_thread(tokenizer.apply_chat_template, messages, variables)
     except EngineError as e:
         raise from_engine_error(e) from None
     return json_response({"prompt": prompt})

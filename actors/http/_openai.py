@@ -30,7 +30,7 @@ from actors.http._generation import (
     timings,
 )
 from actors.http._native import complete_all, final_json, json_response, prompts_of
-from actors.http._params import chat_messages, max_tokens, sampling_options
+from actors.http._params import chat_messages, max_tokens, sampling_options, template_kwargs
 from actors.http._service import Service
 from actors.http._stream import EventStream
 
@@ -69,6 +69,10 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
     response_format = body.get("response_format")
     if response_format is not None:
         options.update(_response_format(response_format))
+    if chat:
+        variables = template_kwargs(service.settings.chat_template_kwargs, body)
+        if variables:
+            options["template_kwargs"] = variables
     user = body.get("user")
     if isinstance(user, str) and user and "cache_scope" not in options:
         options["cache_scope"] = f"user:{user}"
@@ -223,7 +227,9 @@ async def chat_completions(request: Request) -> Response | EventStream:
             "timings": timings(done),
         }
         if body.get("verbose") is True:  # llama-server's debugging view: the native answer
-            prompt = await asyncio.to_thread(service.need_tokenizer().apply_chat_template, messages)
+            prompt = await asyncio.to_thread(
+                service.need_tokenizer().apply_chat_template, messages, options.get("template_kwargs")
+            )
             reply["__verbose"] = {
                 **final_json(service, done, options, stream=False, tokens=False),
                 "prompt": prompt,
@@ -240,10 +246,11 @@ async def input_tokens(request: Request) -> Response:
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
     messages = chat_messages(body.get("messages"))
+    variables = template_kwargs(service.settings.chat_template_kwargs, body) or None
     tokenizer = service.need_tokenizer()
 
     def count() -> int:
-        prompt = tokenizer.apply_chat_template(messages)
+        prompt = tokenizer.apply_chat_template(messages, variables)
         return len(tokenizer.tokenize(prompt, add_special=True, parse_special=True))
 
     try:

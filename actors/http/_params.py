@@ -15,7 +15,7 @@ from typing import Any
 
 from actors.http._errors import HttpError
 
-__all__ = ["Limits", "chat_messages", "max_tokens", "sampling_options"]
+__all__ = ["Limits", "chat_messages", "max_tokens", "sampling_options", "template_kwargs"]
 
 # Scopes of requests that asked not to share their KV (cache_prompt: false).
 _PRIVATE_SCOPES = itertools.count()
@@ -202,6 +202,16 @@ def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int
         # Its own cache scope: it reuses no one's KV and no one reuses its own.
         options["cache_scope"] = f"private:{next(_PRIVATE_SCOPES)}"
     return options
+
+
+def template_kwargs(defaults: tuple[tuple[str, Any], ...], body: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat template's variables: the server's (``--reasoning``,
+    ``--chat-template-kwargs``) under the request's ``chat_template_kwargs``; the
+    engine checks names, types and sizes."""
+    given = body.get("chat_template_kwargs")
+    if given is not None and not isinstance(given, Mapping):
+        raise _fail("'chat_template_kwargs' must be an object")
+    return {**dict(defaults), **(given or {})}
 
 
 def chat_messages(value: object) -> list[dict[str, str]]:
