@@ -171,16 +171,20 @@ def test_every_completion_field_is_in_the_table() -> None:
 
 def test_the_error_tree_is_the_exception_classes() -> None:
     tree = page("reference/errors.md").split("```\nEngineError")[1].split("```")[0]
-    children = re.findall(r"^[├└]── (\w+)(?: \((\w+)\))?", tree, re.MULTILINE)
+    rows = re.findall(r"^([│ ]*)[├└]── (\w+)(?: \((\w+)\))?", tree, re.MULTILINE)
     exported = {
         n
         for n in actors.__all__
         if isinstance(getattr(actors, n), type) and issubclass(getattr(actors, n), actors.EngineError)
     }
-    assert {name for name, _ in children} == exported - {"EngineError"}
-    for name, also in children:
+    assert {name for _, name, _ in rows} == exported - {"EngineError"}
+    parents = ["EngineError"]  # the class each indentation level hangs from
+    for indent, name, also in rows:
+        depth = len(indent) // 4
+        del parents[depth + 1 :]
         cls = getattr(actors, name)
-        assert actors.EngineError in cls.__bases__, name
+        assert getattr(actors, parents[depth]) in cls.__bases__, f"{name} is not a child of {parents[depth]}"
+        parents.append(name)
         if also:
             assert issubclass(cls, getattr(builtins, also)), f"{name} is not a {also}"
 

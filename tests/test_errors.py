@@ -264,3 +264,13 @@ def test_stream_timeout_cancels_the_request(server: pykka.ActorRef[Any]) -> None
     while server.ask(GetStats())["active_slots"] and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.ask(GetStats())["active_slots"] == 0
+
+
+def test_prompt_too_long_pickles_with_its_numbers() -> None:
+    import pickle
+
+    from actors import InvalidRequest, PromptTooLong
+
+    error = pickle.loads(pickle.dumps(PromptTooLong("too long", 5000, 1024)))
+    assert isinstance(error, InvalidRequest)
+    assert (str(error), error.n_prompt_tokens, error.n_ctx) == ("too long", 5000, 1024)

@@ -274,6 +274,14 @@ def test_errors_have_llama_server_bodies_and_statuses(running: Running) -> None:
     assert huge.status_code == 413
 
 
+def test_a_prompt_past_the_context_is_llama_servers_exceed_context_size_error(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "word " * 3000}])
+    body = caught.value.body
+    assert isinstance(body, dict) and body["type"] == "exceed_context_size_error"
+    assert body["n_ctx"] == 1024 and body["n_prompt_tokens"] > 1024
+
+
 def test_cors_preflight(running: Running) -> None:
     response = httpx.options(
         running.url + "/v1/chat/completions",

@@ -6,6 +6,7 @@
     ├── InvalidRequest (ValueError)  a message the engine will not run: checked in the
     │                                caller's thread where no model is needed, else at
     │                                admission in the actor thread
+    │   └── PromptTooLong            the prompt cannot fit a slot's context
     ├── QueueFull                    every slot is busy and ``max_queue`` requests wait
     ├── ConfigError (ValueError)     a bad option to ``ServerActor.start()``
     ├── ModelLoadError               the model file is missing, unreadable or not a model
@@ -27,6 +28,7 @@ __all__ = [
     "EngineStopped",
     "InvalidRequest",
     "ModelLoadError",
+    "PromptTooLong",
     "QueueFull",
     "RequestTimeout",
     "StrategyError",
@@ -39,6 +41,24 @@ class EngineError(Exception):
 
 class InvalidRequest(EngineError, ValueError):
     """The request is invalid and was never queued."""
+
+
+class PromptTooLong(InvalidRequest):
+    """The prompt cannot fit a slot's context (and ``truncate`` is off).
+
+    Attributes:
+        n_prompt_tokens: the prompt's length in tokens.
+        n_ctx: a slot's context, in tokens (``n_ctx_per_slot``).
+    """
+
+    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(message)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Picklable with its numbers (a ServerPool's Ray replicas send it back).
+        return (type(self), (str(self), self.n_prompt_tokens, self.n_ctx))
 
 
 class QueueFull(EngineError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from actors.backend._llama import LlamaBackend
 from actors.contract._checks import _checked_tokens
-from actors.contract._errors import EngineError, InvalidRequest
+from actors.contract._errors import EngineError, InvalidRequest, PromptTooLong
 from actors.contract._gbnf import check_grammar
 from actors.contract._messages import Chat, RequestMessage, StreamChat
 from actors.contract._schema import grammar_for_schema
@@ -50,14 +50,17 @@ def fit_prompt(prompt: list[int], message: RequestMessage, limit: int) -> list[i
     generated token), truncated if the request allows it (any thread).
 
     Raises:
-        InvalidRequest: it does not fit and ``truncate`` is off.
+        PromptTooLong: it does not fit and ``truncate`` is off.
     """
     if len(prompt) + 1 <= limit:
         return prompt
     if not message.truncate:
-        raise InvalidRequest(
+        raise PromptTooLong(
             f"prompt of {len(prompt)} tokens cannot fit a slot's context of {limit} tokens "
-            f"(n_ctx_per_slot={limit}); pass truncate=True to keep its start and end"
+            f"(n_ctx_per_slot={limit}): it exceeds the available context size; pass "
+            "truncate=True to keep its start and end",
+            len(prompt),
+            limit,
         )
     # llama.cpp's rule: keep n_keep tokens, drop whole blocks of half the rest.
     n_keep = min(message.n_keep, limit // 2)

@@ -17,6 +17,7 @@ from actors import (
     EngineError,
     EngineStopped,
     InvalidRequest,
+    PromptTooLong,
     QueueFull,
     RequestTimeout,
 )
@@ -40,23 +41,37 @@ RETRY_AFTER_S = 1
 class HttpError(Exception):
     """An error with its HTTP status, raised by handlers and turned into a response."""
 
-    def __init__(self, status: int, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        kind: str | None = None,
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
+        self.kind = kind
+        self.extra = dict(extra or {})
 
 
-def error_body(status: int, message: str) -> bytes:
-    """The JSON body llama-server sends for an error."""
-    payload = {"error": {"code": status, "message": message, "type": _TYPES.get(status, "server_error")}}
+def error_body(
+    status: int, message: str, kind: str | None = None, extra: Mapping[str, object] | None = None
+) -> bytes:
+    """The JSON body llama-server sends for an error (``kind``: its ``type``, by default
+    the status's; ``extra``: more fields beside ``message``)."""
+    error = {"code": status, "message": message, "type": kind or _TYPES.get(status, "server_error")}
+    payload = {"error": {**error, **(extra or {})}}
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def error_response(error: HttpError) -> Response:
     """The response for ``error``; a 503 says when to retry."""
     response = Response(
-        error_body(error.status, error.message),
+        error_body(error.status, error.message, error.kind, error.extra),
         status_code=error.status,
         headers=error.headers,
         media_type="application/json; charset=utf-8",
@@ -70,6 +85,9 @@ def from_engine_error(error: EngineError) -> HttpError:
     """The HTTP face of an engine error: 400 for a bad request, 503 while the engine
     cannot take it (full queue, stopped, draining, no answer in time), 500 for a
     failure of the engine itself."""
+    if isinstance(error, PromptTooLong):  # llama-server's own type, with the numbers
+        numbers = {"n_prompt_tokens": error.n_prompt_tokens, "n_ctx": error.n_ctx}
+        return HttpError(400, str(error), kind="exceed_context_size_error", extra=numbers)
     if isinstance(error, InvalidRequest | ConfigError):
         return HttpError(400, str(error))
     if isinstance(error, QueueFull | EngineStopped | RequestTimeout):

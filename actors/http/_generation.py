@@ -132,7 +132,7 @@ async def open_stream(
 
 def error_event(error: HttpError) -> bytes:
     """An error after the stream began: an event with llama-server's error body."""
-    return b"data: " + error_body(error.status, error.message) + b"\n\n"
+    return b"data: " + error_body(error.status, error.message, error.kind, error.extra) + b"\n\n"
 
 
 def stop_type(completion: Completion) -> str:
