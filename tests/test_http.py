@@ -199,6 +199,11 @@ def test_native_completion_fields(running: Running) -> None:
     assert timings["predicted_n"] == body["tokens_predicted"]
     assert timings["prompt_n"] + timings["cache_n"] == body["tokens_evaluated"]
     assert body["generation_settings"]["seed"] == 7
+    assert body["generation_settings"]["logit_bias"] == []
+    banned = httpx.post(
+        running.url + "/completion", json={"prompt": "Hi", "n_predict": 2, "ignore_eos": True}, timeout=60
+    ).json()["generation_settings"]["logit_bias"]
+    assert banned and all(entry["bias"] is None for entry in banned)  # -inf, as llama-server writes it
 
 
 def test_native_stream_and_stop_word(running: Running) -> None:

@@ -41,6 +41,11 @@ class Tokenizer:
         """
         return self._backend.tokenize(text, add_special=add_special, parse_special=parse_special)
 
+    @property
+    def eog_token_ids(self) -> frozenset[int]:
+        """The model's end-of-generation tokens (EOS, EOT, ...): what ``ignore_eos`` bans."""
+        return self._backend.eog_ids
+
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of ``ids`` (special tokens rendered; broken UTF-8 becomes U+FFFD)."""
         if not isinstance(ids, Sequence) or isinstance(ids, str | bytes):

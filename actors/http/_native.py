@@ -7,6 +7,7 @@ Handlers run on the event loop; the engine is reached only through the public he
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -97,6 +98,11 @@ def generation_settings(service: Service, options: Mapping[str, Any], stream: bo
         return options.get(name, defaults.get(name))
 
     seed = value("seed")
+    bias: list[dict[str, Any]] = []
+    if options.get("ignore_eos") and service.tokenizer is not None:  # llama-server lists the bans
+        bias += [{"bias": None, "token": t} for t in sorted(service.tokenizer.eog_token_ids)]
+    for token, amount in (options.get("logit_bias") or {}).items():
+        bias.append({"bias": None if amount == -math.inf else amount, "token": token})
     return {
         "n_ctx": service.n_ctx_slot,
         "n_predict": options["max_tokens"],
@@ -122,6 +128,7 @@ def generation_settings(service: Service, options: Mapping[str, Any], stream: bo
         "adaptive_decay": 0.9,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
         "grammar": options.get("grammar", ""),
+        "logit_bias": bias,
     }
 
 
