@@ -10,12 +10,16 @@ both pass counts and the tests that pass on llama-server but not on ours, except
 that need a part we deliberately leave out (``LEFT_OUT``).
 
 The suite's own requirements go in a venv of their own, ``bench/.peers/compat-venv``
-(made on first use). Logs, JUnit XML and per-test outcomes of the last run are in
+(made on first use). The suite picks its port from ``$PORT`` (8080 by default); we give
+it a free one, so it never talks to another server on this machine. Its session
+warm-up, which only fills the download cache, is skipped (``bench/compat/compat_plugin.py``).
+Logs, JUnit XML and per-test outcomes of the last run of each side are in
 ``bench/.peers/compat-runs/``; the summary goes to ``bench/results/compat.md``.
 
-Run ``python bench/compat.py`` (``make compat``); ``--server llama-server`` or
-``--server ours`` runs one side only, ``-k`` selects tests as pytest's ``-k`` does
-(a run with ``-k`` or ``--files`` writes no results file).
+Run ``python bench/compat.py`` (``make compat``, about 15 minutes on 2 cores).
+``--server ours`` runs our side only and compares it with llama-server's last full run;
+``--report-only`` rewrites the results from the last full runs; ``-k`` (as pytest's) and
+``--files`` run a part, which writes no results file.
 """
 
 from __future__ import annotations
@@ -266,8 +270,10 @@ def counts(outcomes: Outcomes) -> str:
     return ", ".join(f"{tally[key]} {key}" for key in order if key in tally) + f" of {len(outcomes)}"
 
 
-def _short(text: str, width: int = 140) -> str:
-    text = text.replace("|", "\\|").replace("\n", " ")
+def _short(text: str, width: int = 140, markdown: bool = True) -> str:
+    text = text.replace("\n", " ")
+    if markdown:
+        text = text.replace("|", "\\|")
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -436,14 +442,19 @@ def main() -> None:
             print(f"{name:>12}: {len(passed(outcomes))} passed ({counts(outcomes)})")
     if llama is not None and ours is not None:
         differences = sorted((passed(llama) - passed(ours)) & set(ours))
-        print(f"pass on llama-server, not on ours: {len(differences)}")
+        num_left_out = sum(1 for nodeid in differences if left_out_reason(nodeid))
+        print(
+            f"pass on llama-server, not on ours: {len(differences) - num_left_out} "
+            f"(and {num_left_out} left out)"
+        )
         for nodeid in differences:
             reason = left_out_reason(nodeid)
             entry = ours[nodeid]
+            message = _short(entry["message"], 100, markdown=False)
             tag = (
                 f"left out: {reason}"
                 if reason
-                else f"DIFFERENCE ({entry['outcome']}: {_short(entry['message'], 100)}){_flaky(nodeid)}"
+                else f"DIFFERENCE ({entry['outcome']}: {message}){_flaky(nodeid)}"
             )
             print(f"  {nodeid}  {tag}")
     if llama is None:
