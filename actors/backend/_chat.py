@@ -13,7 +13,16 @@ from collections.abc import Callable, Mapping
 
 from actors.contract._errors import InvalidRequest
 
-__all__ = ["chat_tokens", "split_special"]
+__all__ = ["chat_tokens", "prefill", "split_special"]
+
+
+def prefill(messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], str]:
+    """A chat that ends with an assistant message is a prefill (llama-server's and vLLM's
+    rule): the history with the assistant's turn opened, then that content, which the
+    reply continues. Otherwise the chat as it is, with nothing after it."""
+    if len(messages) > 1 and messages[-1]["role"] == "assistant":
+        return messages[:-1], messages[-1]["content"]
+    return messages, ""
 
 
 def chat_tokens(
@@ -22,8 +31,10 @@ def chat_tokens(
     render: Callable[[list[dict[str, str]]], str],
     specials: Mapping[str, int],
     tokenize: Callable[[str, bool], list[int]],
+    suffix: str = "",
 ) -> list[int]:
-    """The tokens of ``messages`` rendered by ``render`` (the chat template).
+    """The tokens of ``messages`` rendered by ``render`` (the chat template), then of
+    ``suffix`` (an assistant's prefill: content, after the template's text).
 
     ``specials`` maps the text of each special token to its id; ``tokenize(text,
     parse_special)`` tokenizes without adding special tokens. With ``parse_special``,
@@ -31,9 +42,9 @@ def chat_tokens(
     """
     rendered = render(messages)
     contents = [m["content"] for m in messages]
-    if parse_special or not any(text in c for c in contents for text in specials):
+    if parse_special or not any(text in c for c in [*contents, suffix] for text in specials):
         # As create_chat_completion: the template writes its own BOS, if any.
-        return tokenize(rendered, True)
+        return tokenize(rendered + suffix, True)
     # Render again with a marker for each content to find where the template put it.
     marks = [f"\ue000{uuid.uuid4().hex}{i}\ue001" for i in range(len(messages))]
     skeleton = render([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
@@ -56,7 +67,7 @@ def chat_tokens(
     # text and content together) is tokenized as text, as llama.cpp does around them.
     tokens: list[int] = []
     run: list[str] = []
-    for part, content in [*zip(parts, contents, strict=True), (rest, "")]:
+    for part, content in [*zip(parts, contents, strict=True), (rest, suffix)]:
         for piece, special in split_special(part, specials):
             if special is None:
                 run.append(piece)

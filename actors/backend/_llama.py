@@ -26,7 +26,7 @@ import numpy.typing as npt
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from actors.backend._chat import chat_tokens
+from actors.backend._chat import chat_tokens, prefill
 from actors.backend._faults import faults
 from actors.backend._greedy import GREEDY_TEMP, DeadEnd, _Greedy
 from actors.backend._options import BackendOptions
@@ -238,6 +238,10 @@ class LlamaBackend:
         ``template_kwargs`` (checked, as a request's) are the template's variables, over
         the server's ``chat_template_kwargs``; each render gets its own copy.
         """
+        history, suffix = prefill(messages)
+        return self._render(history, template_kwargs) + suffix
+
+    def _render(self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None) -> str:
         if self._chat is None:
             raise InvalidRequest("the model has no chat template")
         variables = _template_variables({**self._template_defaults, **(template_kwargs or {})})
@@ -259,12 +263,14 @@ class LlamaBackend:
         another role, unless ``parse_special`` allows it. ``template_kwargs`` are as
         :meth:`render_chat`'s.
         """
+        history, suffix = prefill(messages)
         return chat_tokens(
-            messages,
+            history,
             parse_special,
-            lambda chat: self.render_chat(chat, template_kwargs),
+            lambda chat: self._render(chat, template_kwargs),
             self._specials,
             lambda text, special: self.tokenize(text, add_special=False, parse_special=special),
+            suffix,
         )
 
     def is_single_token(self, piece: str) -> bool:

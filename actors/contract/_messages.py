@@ -276,7 +276,11 @@ class StreamTokens(_RequestMessage):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Chat(_RequestMessage):
-    """Complete a conversation rendered with the model's own chat template; ``ask`` returns a Future."""
+    """Complete a conversation rendered with the chat template; ``ask`` returns a Future.
+
+    A conversation that ends with an assistant message is a prefill: the reply continues
+    that message (its text is not repeated in the ``Completion``).
+    """
 
     messages: Sequence[Mapping[str, str]] = field(kw_only=False)  # stored as a tuple
     parse_special: bool = False

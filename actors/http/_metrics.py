@@ -26,11 +26,11 @@ _SERIES = (
     ("spec_decode_num_draft_tokens_total", "counter", "Number of speculative draft tokens generated."),
     ("spec_decode_num_accepted_tokens_total", "counter", "Number of speculative draft tokens accepted."),
     ("spec_decode_num_drafts_total", "counter", "Number of speculative drafts attempted."),
-    ("n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call"),
     ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s."),
     ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s."),
     ("requests_processing", "gauge", "Number of requests processing."),
     ("requests_deferred", "gauge", "Number of requests deferred."),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
 )
 
 

@@ -135,14 +135,13 @@ def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int
 
 
 def max_tokens(requested: int | None, limits: Limits) -> int:
-    """llama-server's rule: -1 (or absent) is no limit but the server's ``-n`` and the
-    slot's context; otherwise the smaller of the request's and the server's."""
-    cap = limits.n_ctx_slot if limits.n_predict < 0 else min(limits.n_predict, limits.n_ctx_slot)
-    if requested is None or requested < 0:
-        return cap
+    """llama-server's rule: the request's ``n_predict`` when it gives one, else the
+    server's ``-n``, else no limit; a slot's context bounds them all."""
     if requested == 0:
         raise _fail("n_predict / max_tokens must be at least 1 (or -1 for no limit)")
-    return min(requested, cap)
+    if requested is None or requested < 0:
+        requested = limits.n_predict if limits.n_predict > 0 else limits.n_ctx_slot
+    return min(requested, limits.n_ctx_slot)
 
 
 def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int]]) -> dict[str, Any]:
