@@ -226,7 +226,8 @@ async def chat_completions(request: Request) -> Response | EventStream:
             "usage": _usage(done),
             "timings": timings(done),
         }
-        if body.get("verbose") is True:  # llama-server's debugging view: the native answer
+        verbose = body.get("verbose")
+        if verbose is True or (verbose is None and service.settings.verbose):  # llama-server's debug view
             prompt = await asyncio.to_thread(
                 service.need_tokenizer().apply_chat_template, messages, options.get("template_kwargs")
             )
