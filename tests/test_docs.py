@@ -338,3 +338,17 @@ class Child(Base):
         "fakepkg.bare",
         "fakepkg.quiet",
     ]
+
+
+def test_the_http_flag_tables_are_the_command_lines_options() -> None:
+    from actors.http import _cli_options, _flags
+
+    text = page("guides/http.md")
+    documented = [
+        re.findall(r"`(-[^`]+)`", row.split(" | ")[0]) for row in text.splitlines() if row.startswith("| `-")
+    ]
+    table = _flags.by_spelling()
+    expected = [
+        [*table[option.flag].spellings, *table[option.flag].negations] for option in _cli_options._OPTIONS
+    ] + [list(spellings) for spellings, *_ in _cli_options._OURS]
+    assert documented == expected
