@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench-peers bench compat clean
+.PHONY: install demo test lint docs bench-peers bench bench-http compat clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ bench: install
 	$(PY) bench/strategies.py
 	$(PY) bench/scaling.py
 	$(PY) bench/multiturn.py
+
+# Our HTTP server against llama-server and the example server (bench/http.py):
+# bench/results/http.md. A missing peer is skipped; make bench-peers builds them.
+bench-http: install
+	$(PY) bench/http.py
 
 # llama.cpp's own server tests against llama-server and ours (bench/compat.py):
 # both pass counts and the difference; bench/results/compat.md.

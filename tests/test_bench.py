@@ -101,3 +101,13 @@ def test_fairness(tmp_path: Path) -> None:
     for scenario in ("| alone |", "| 1 MB prompt |", "| 20k-value enum |", "| 500-value enum |"):
         assert scenario in table
     assert "x alone" in out
+
+
+@pytest.mark.timeout(120)
+def test_http(tmp_path: Path) -> None:
+    out = run("http.py", tmp_path, "--quick", "--servers", "ours")
+    table = (tmp_path / "http.md").read_text()
+    for row in ("| ours | 1 |", "| ours | 4 |", "| engine (in-process) |", "| ours over HTTP |"):
+        assert row in table
+    assert "| 0 / " in table  # the errors column: none
+    assert "HTTP / in-process tok/s" in out

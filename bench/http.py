@@ -1,0 +1,467 @@
+"""The HTTP face against llama-server and the llama-cpp-python example server.
+
+Three servers, each its own process started here, on the default model with the same
+context, slots and threads: ours (``llama-cpp-actors serve``), llama.cpp's C++
+``llama-server`` and the llama-cpp-python sdist's example server. One async load
+generator drives them: at each concurrency level ``c`` clients, each with its own
+connection, send streaming requests back to back (no client-side queue), half to
+``/v1/chat/completions`` and half to ``/v1/completions``, until the level's requests
+are done. Rounds are interleaved: each round runs every server once per level, in an
+order that rotates between rounds; the tables give the median over rounds.
+
+Every request is greedy with ``max_tokens`` tokens and end-of-generation disabled, so
+every server does the same work: ``ignore_eos`` for ours and llama-server, which honour
+it; a -100 ``logit_bias`` on SmolLM2's end-of-generation tokens for the example server,
+which has no ``ignore_eos``. Tokens are counted from ``usage.completion_tokens`` where
+the server sends it (``stream_options.include_usage``), else one per SSE event that
+carries text, so tok/s is on the tokens actually generated. TTFT and inter-token
+latency come from SSE event arrival times.
+
+The HTTP layer's cost: at ``--cost-concurrency`` (8) ours serves the same completion
+requests over HTTP as the in-process engine does in a child process (``bench/_systems``'
+``Engine``, as ``bench/throughput.py`` measures it), interleaved in the same rounds.
+
+    make bench-peers && python bench/http.py          # all three, levels 1 4 8 16 32
+    python bench/http.py --quick --servers ours       # a one-round smoke run
+
+Peers: ``LLAMA_SERVER_BIN`` and ``LLAMA_CPP_PYTHON_EXAMPLE_SERVER``, by default
+``bench/.peers/llama-server`` and ``bench/.peers/example_server.py`` (``make
+bench-peers``); a missing peer is skipped. Writes ``bench/results/http.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Run as a script: import from the repository root, not bench/ (whose strategies.py
+# would shadow the strategies package).
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)
+
+import httpx
+
+from actors import default_model_path
+from bench._common import EOG_IDS, RESULTS, machine, markdown_table, percentile, prompts, write_result
+from bench._systems import Engine, ExampleServer, LlamaServer, System, _free_port, _wait_http
+
+PEERS = ROOT / "bench" / ".peers"
+SERVERS = ("ours", "llama-server", "example-server")
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+class Ours(System):
+    """``llama-cpp-actors serve`` with the flags bench/_systems' LlamaServer passes."""
+
+    name = "ours"
+
+    def start(self, concurrency: int) -> None:
+        self.port = _free_port()
+        serve = str(Path(sys.executable).parent / "llama-cpp-actors")
+        command = [
+            serve, "serve", "-m", self.model_path, "--host", "127.0.0.1", "--port", str(self.port),
+            "-c", str(self.n_ctx), "-np", str(concurrency), "-b", str(min(self.n_ctx, 2048)),
+            "-ub", "512", "-kvu", "-t", str(self.n_threads), "-tb", str(self.n_threads),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_http(self.port, "/health", self.proc)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+def _peer_env() -> None:
+    """Default the peers' variables to bench/.peers (this process only)."""
+    for var, path in (
+        ("LLAMA_SERVER_BIN", PEERS / "llama-server"),
+        ("LLAMA_CPP_PYTHON_EXAMPLE_SERVER", PEERS / "example_server.py"),
+    ):
+        if not os.environ.get(var) and path.exists():
+            os.environ[var] = str(path)
+
+
+def available(requested: list[str]) -> list[str]:
+    _peer_env()
+    names = []
+    for name in requested:
+        var = {"llama-server": "LLAMA_SERVER_BIN", "example-server": "LLAMA_CPP_PYTHON_EXAMPLE_SERVER"}.get(
+            name
+        )
+        if var and not (os.environ.get(var) and Path(os.environ[var]).exists()):
+            print(f"{name}: {var} is not set or missing (make bench-peers builds it); skipped")
+            continue
+        names.append(name)
+    return names
+
+
+def body_for(server: str, path: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "bench",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 42,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if path == CHAT:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if server == "example-server":
+        body["logit_bias"] = {str(t): -100 for t in EOG_IDS}  # it has no ignore_eos
+    else:
+        body["ignore_eos"] = True
+    return body
+
+
+@dataclass
+class Run:
+    """One server at one level in one round."""
+
+    tokens: int = 0
+    wall_s: float = 0.0
+    ttft_ms: list[float] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
+    per_request: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+
+async def _one(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> tuple[float, list[float], int]:
+    """Send one streaming request; (t_sent, arrivals of events with text, tokens)."""
+    arrivals: list[float] = []
+    usage: int | None = None
+    done = False
+    t_sent = time.perf_counter()
+    async with client.stream("POST", path, json=body) as response:
+        if response.status_code != 200:
+            text = (await response.aread())[:300]
+            raise RuntimeError(f"{path}: HTTP {response.status_code}: {text!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            event = json.loads(data)
+            if event.get("usage"):
+                usage = event["usage"].get("completion_tokens")
+            for choice in event.get("choices") or ():
+                text = choice.get("delta", {}).get("content") if path == CHAT else choice.get("text")
+                if text:
+                    arrivals.append(time.perf_counter())
+    if not done:
+        raise RuntimeError(f"{path}: the stream ended without data: [DONE] after {len(arrivals)} events")
+    if not arrivals:
+        raise RuntimeError(f"{path}: no event carried text")
+    return t_sent, arrivals, usage if usage is not None else len(arrivals)
+
+
+async def _level(server: str, port: int, c: int, n: int, tag: str, max_tokens: int, paths: list[str]) -> Run:
+    texts = prompts(n, tag)
+    todo = list(range(n))
+    run = Run()
+    t_start = time.perf_counter()
+    t_end = t_start
+
+    async def client() -> None:
+        nonlocal t_end
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=httpx.Timeout(300.0)
+        ) as http:
+            while todo:
+                i = todo.pop(0)
+                path = paths[i % len(paths)]
+                try:
+                    t_sent, arrivals, tokens = await _one(
+                        http, path, body_for(server, path, texts[i], max_tokens)
+                    )
+                except (httpx.HTTPError, RuntimeError, ValueError) as e:
+                    run.errors.append(f"{type(e).__name__}: {e}"[:400])
+                    continue
+                run.tokens += tokens
+                run.per_request.append(tokens)
+                run.ttft_ms.append((arrivals[0] - t_sent) * 1000.0)
+                run.itl_ms += [(b - a) * 1000.0 for a, b in itertools.pairwise(arrivals)]
+                t_end = max(t_end, arrivals[-1])
+
+    await asyncio.gather(*(client() for _ in range(c)))
+    run.wall_s = t_end - t_start
+    return run
+
+
+def level(server: str, port: int, c: int, n: int, tag: str, max_tokens: int, paths: list[str]) -> Run:
+    return asyncio.run(_level(server, port, c, n, tag, max_tokens, paths))
+
+
+def engine_in_child(args: argparse.Namespace, c: int, n: int, tag: str) -> Run:
+    """The in-process engine, in a fresh process (see bench/throughput.py's run_in_child)."""
+    command = [
+        sys.executable, __file__, "--child-engine", "--tag", tag, "--levels", str(c),
+        "--requests", str(n), "--n-parallel", str(args.n_parallel), "--max-tokens", str(args.max_tokens),
+        "--n-ctx", str(args.n_ctx), "--n-threads", str(args.n_threads),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
+    if result.returncode != 0:
+        raise RuntimeError(f"engine at concurrency {c} failed:\n{result.stderr[-3000:]}")
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    return Run(data["tokens"], data["wall_s"], data["ttft_ms"], data["itl_ms"])
+
+
+def child_engine(args: argparse.Namespace) -> None:
+    """Waves of ``c`` requests at once, as many as the HTTP clients send at that level."""
+    c = args.levels[0]
+    engine = Engine(default_model_path(), args.n_ctx, args.n_threads)
+    engine.start(args.n_parallel)
+    run = Run()
+    try:
+        engine.run(prompts(c, f"warm.{args.tag}"), 2)
+        texts = prompts(args.requests, args.tag)
+        for i in range(0, len(texts), c):
+            m = engine.run(texts[i : i + c], args.max_tokens)
+            run.tokens += m.tokens
+            run.wall_s += m.wall_s
+            run.ttft_ms += m.ttft_ms
+            run.itl_ms += m.itl_ms
+    finally:
+        engine.stop()
+    print(
+        json.dumps({"tokens": run.tokens, "wall_s": run.wall_s, "ttft_ms": run.ttft_ms, "itl_ms": run.itl_ms})
+    )
+
+
+def start_servers(names: list[str], args: argparse.Namespace) -> dict[str, System]:
+    classes: dict[str, type[System]] = {
+        "ours": Ours,
+        "llama-server": LlamaServer,
+        "example-server": ExampleServer,
+    }
+    started: dict[str, System] = {}
+    try:
+        for name in names:
+            system = classes[name](default_model_path(), args.n_ctx, args.n_threads)
+            t0 = time.perf_counter()
+            system.start(args.n_parallel)
+            started[name] = system
+            # First-touch costs out of the timing.
+            warm = level(name, system.port, 2, 2, f"warm.{name}", 2, [CHAT, COMPLETIONS])
+            print(f"{name}: up in {time.perf_counter() - t0:.1f} s, warm-up errors: {warm.errors or 'none'}")
+    except BaseException:
+        stop_servers(started)
+        raise
+    return started
+
+
+def stop_servers(started: dict[str, System]) -> None:
+    for name, system in started.items():
+        try:
+            system.stop()
+        except Exception as e:  # the others must still stop
+            print(f"{name}: stop failed: {e!r}")
+
+
+def requests_at(args: argparse.Namespace, c: int) -> int:
+    return max(args.requests, 2 * c)
+
+
+def measure(
+    started: dict[str, System], args: argparse.Namespace, paths: list[str]
+) -> tuple[dict[tuple[str, int], list[Run]], dict[str, list[Run]]]:
+    results: dict[tuple[str, int], list[Run]] = {}
+    cost: dict[str, list[Run]] = {"engine": [], "ours": []}
+    names = list(started)
+    for r in range(args.rounds):
+        for c in args.levels:
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                time.sleep(1.0)  # let the previous server's threads go idle
+                n = requests_at(args, c)
+                run = level(name, started[name].port, c, n, f"{r}.{c}.{name}", args.max_tokens, paths)
+                results.setdefault((name, c), []).append(run)
+                print(
+                    f"  round {r + 1}/{args.rounds} c={c:2d} {name:15s} {run.tokens_per_s:7.1f} tok/s"
+                    f"  TTFT p50 {percentile(run.ttft_ms, 50):6.0f} ms  errors {len(run.errors)}",
+                    flush=True,
+                )
+        if "ours" in started and args.cost_concurrency:
+            c, n = args.cost_concurrency, requests_at(args, args.cost_concurrency)
+            tag = f"cost.{r}"  # the same prompts for both: they share no cache
+            for which in ("engine", "ours") if r % 2 == 0 else ("ours", "engine"):
+                time.sleep(1.0)
+                if which == "engine":
+                    run = engine_in_child(args, c, n, tag)
+                else:
+                    run = level("ours", started["ours"].port, c, n, tag, args.max_tokens, [COMPLETIONS])
+                cost[which].append(run)
+                print(
+                    f"  round {r + 1}/{args.rounds} cost c={c} {which:8s} {run.tokens_per_s:7.1f} tok/s",
+                    flush=True,
+                )
+    return results, cost
+
+
+def _med(runs: list[Run], metric: Any) -> float:
+    values = [metric(run) for run in runs]
+    values = [v for v in values if v == v]  # NaN when a run had no successful request
+    return statistics.median(values) if values else float("nan")
+
+
+def summary(runs: list[Run]) -> dict[str, float]:
+    return {
+        "tok/s": _med(runs, lambda r: r.tokens_per_s),
+        "ttft50": _med(runs, lambda r: percentile(r.ttft_ms, 50)),
+        "ttft95": _med(runs, lambda r: percentile(r.ttft_ms, 95)),
+        "itl50": _med(runs, lambda r: percentile(r.itl_ms, 50)),
+        "itl95": _med(runs, lambda r: percentile(r.itl_ms, 95)),
+        "tokens/req": _med(runs, lambda r: statistics.mean(r.per_request) if r.per_request else float("nan")),
+        "errors": sum(len(r.errors) for r in runs),
+        "requests": sum(len(r.per_request) + len(r.errors) for r in runs),
+    }
+
+
+HEADER = [
+    "server", "concurrency", "tokens/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms",
+    "tokens/request", "errors",
+]  # fmt: skip
+
+
+def report(
+    results: dict[tuple[str, int], list[Run]],
+    cost: dict[str, list[Run]],
+    names: list[str],
+    args: argparse.Namespace,
+) -> str:
+    s = {key: summary(runs) for key, runs in results.items()}
+    rows = [
+        [
+            name,
+            str(c),
+            f"{v['tok/s']:.1f}",
+            f"{v['ttft50']:.0f}",
+            f"{v['ttft95']:.0f}",
+            f"{v['itl50']:.1f}",
+            f"{v['itl95']:.1f}",
+            f"{v['tokens/req']:.1f}",
+            f"{v['errors']:.0f} / {v['requests']:.0f}",
+        ]
+        for c in args.levels
+        for name in names
+        if (v := s[(name, c)])
+    ]
+    endpoints = " and ".join(args.paths) + (" (alternating)" if len(args.paths) > 1 else "")
+    text = (
+        f"# HTTP servers\n\n{machine()}; SmolLM2-135M-Instruct Q4_1, greedy, {args.max_tokens} tokens per "
+        f"request (end-of-generation disabled), streaming {endpoints}; every server with n_ctx={args.n_ctx}, "
+        f"{args.n_parallel} slots (unified KV), n_threads={args.n_threads}; max({args.requests}, 2 x c) "
+        f"requests per level from c clients, each with its own connection; median of {args.rounds} "
+        f"interleaved rounds.\n\n{markdown_table(HEADER, rows)}"
+    )
+    peers = [p for p in ("llama-server", "example-server") if p in names]
+    if "ours" in names and peers:
+        header = ["concurrency"]
+        for p in peers:
+            header += [f"tok/s ours / {p}", f"TTFT p50 ours / {p}"]
+        header.append("goal (c >= 4: tok/s >= 1.0x, TTFT p50 <= 1.0x llama-server)")
+        rows = []
+        for c in args.levels:
+            ours, row = s[("ours", c)], [str(c)]
+            for p in peers:
+                row += [
+                    f"{ours['tok/s'] / s[(p, c)]['tok/s']:.2f}x",
+                    f"{ours['ttft50'] / s[(p, c)]['ttft50']:.2f}x",
+                ]
+            if c < 4 or "llama-server" not in peers:
+                row.append("-")
+            else:
+                ls = s[("llama-server", c)]
+                met = ours["tok/s"] >= ls["tok/s"] and ours["ttft50"] <= ls["ttft50"]
+                row.append("met" if met else "not met")
+            rows.append(row)
+        text += f"\n## Ours / peer\n\n{markdown_table(header, rows)}"
+    if cost["engine"]:
+        engine, http = summary(cost["engine"]), summary(cost["ours"])
+        ratio = http["tok/s"] / engine["tok/s"]
+        rows = [
+            [
+                "engine (in-process)",
+                f"{engine['tok/s']:.1f}",
+                f"{engine['ttft50']:.0f}",
+                f"{engine['itl50']:.1f}",
+            ],
+            ["ours over HTTP", f"{http['tok/s']:.1f}", f"{http['ttft50']:.0f}", f"{http['itl50']:.1f}"],
+        ]
+        text += (
+            f"\n## The HTTP layer's cost\n\nConcurrency {args.cost_concurrency}, the same "
+            f"{requests_at(args, args.cost_concurrency)} completion requests per round (waves of "
+            f"{args.cost_concurrency} in-process, {args.cost_concurrency} clients over HTTP "
+            "/v1/completions).\n\n"
+            + markdown_table(["system", "tokens/s", "TTFT p50 ms", "ITL p50 ms"], rows)
+            + f"\nHTTP / in-process tok/s: {ratio:.3f}x, a cost of {(1 - ratio) * 100:.1f}% "
+            "(goal: at most 3%).\n"
+        )
+    errors = [(name, c, e) for (name, c), runs in results.items() for run in runs for e in run.errors]
+    if errors:
+        text += "\n## Errors (first 10)\n\n" + "".join(f"- {n} c={c}: `{e}`\n" for n, c, e in errors[:10])
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8, 16, 32], help="concurrency levels")
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--requests", type=int, default=32, help="requests per level: max(this, 2 x c)")
+    parser.add_argument("--endpoint", choices=("both", "chat", "completions"), default="both")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--n-ctx", type=int, default=8192)
+    parser.add_argument("--n-parallel", type=int, help="slots for every server (default: the top level)")
+    parser.add_argument("--n-threads", type=int, default=2)
+    parser.add_argument("--cost-concurrency", type=int, default=8, help="0: skip the HTTP-cost comparison")
+    parser.add_argument("--quick", action="store_true", help="one round, c=1 and 4, few short requests")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where http.md goes")
+    parser.add_argument("--child-engine", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tag", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.levels, args.rounds, args.requests, args.max_tokens, args.cost_concurrency = [1, 4], 1, 4, 8, 4
+    args.n_parallel = args.n_parallel or max(args.levels)
+    if args.child_engine:
+        child_engine(args)
+        return
+    args.paths = {"both": [CHAT, COMPLETIONS], "chat": [CHAT], "completions": [COMPLETIONS]}[args.endpoint]
+    names = available(args.servers)
+    if not names:
+        parser.error("no server to measure")
+    print(f"{machine()}; levels {args.levels}, {args.rounds} rounds, max_tokens={args.max_tokens}")
+    started = start_servers(names, args)
+    try:
+        results, cost = measure(started, args, args.paths)
+    finally:
+        stop_servers(started)
+    text = report(results, cost, names, args)
+    print()
+    print(text)
+    write_result("http", text, args.out)
+
+
+if __name__ == "__main__":
+    main()
