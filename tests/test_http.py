@@ -489,3 +489,148 @@ def test_a_final_assistant_message_is_a_prefill(running: Running) -> None:
     direct = running.engine.ask(Chat(forged, max_tokens=1)).get(timeout=60)
     # The prefill's special-token text stays text: more tokens than if it were parsed.
     assert direct.prompt_tokens > len(tokenizer.tokenize(text, add_special=True, parse_special=True))
+
+
+def test_the_readme_http_example_runs(running: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Serving over HTTP", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+    exec(compile(code.replace("http://127.0.0.1:8080", running.url), "README.md", "exec"), {})
+    assert capsys.readouterr().out
+
+
+# -- what a hostile review found ---------------------------------------------------------
+
+
+def test_hostile_fields_are_400s_not_500s(running: Running) -> None:
+    as_text = httpx.post(
+        running.url + "/completion", json={"prompt": "hi", "n_predict": 1, "logit_bias": {"²": 1}}
+    )
+    assert as_text.status_code == 200  # a digit that int() does not read is text, tokenized
+    for bias in ([[1.5, 1.0]], [[None, 1]], [[{"a": 1}, 1]], [[1, 1]] * ((1 << 17) + 1)):
+        response = httpx.post(
+            running.url + "/completion", json={"prompt": "hi", "n_predict": 1, "logit_bias": bias}
+        )
+        assert response.status_code == 400, (str(bias)[:40], response.text[:200])
+    deep: Any = {"type": "string"}
+    for _ in range(400):
+        deep = {"type": "object", "properties": {"a": deep}}
+    response = httpx.post(running.url + "/completion", json={"prompt": "hi", "json_schema": deep})
+    assert response.status_code == 400
+    too_long = httpx.post(running.url + "/tokenize", json={"content": "x" * ((1 << 20) + 1)})
+    assert too_long.status_code == 400
+    odd = httpx.post(
+        running.url + "/v1/completions",
+        content=b'{"prompt": "hi", "max_tokens": 1, "model": "\\ud800"}',
+        headers={"content-type": "application/json"},
+    )
+    assert odd.status_code == 200 and odd.json()["model"] == "smol"
+    emoji = httpx.post(running.url + "/tokenize", json={"content": " 🎉", "with_pieces": True}).json()[
+        "tokens"
+    ]
+    raw = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode() for p in emoji)
+    assert raw == " 🎉".encode()
+    wrong_method = httpx.get(running.url + "/completion")
+    assert wrong_method.status_code == 405 and "POST" in wrong_method.headers["allow"]
+
+
+def test_load_gauges_follow_cancels(running: Running) -> None:
+    streams = []
+    for _ in range(3):
+        stream = httpx.stream(
+            "POST", running.url + "/completion",
+            json={"prompt": "Go on", "n_predict": 500, "stream": True, "ignore_eos": True}, timeout=60,
+        )  # fmt: skip
+        response = stream.__enter__()
+        lines = response.iter_lines()
+        next(lines)
+        streams.append((stream, lines))
+    for stream, _ in streams:
+        stream.__exit__(None, None, None)
+    wait_until(lambda: idle(running), seconds=10)
+    metrics = httpx.get(running.url + "/metrics").text
+    assert "llamacpp:requests_processing 0\n" in metrics
+
+
+def test_cors_origin_lists_echo_the_listed_origin(model_path: str) -> None:
+    server = Running(
+        HttpSettings(cors_origins="http://a.test,http://b.test", cors_credentials=False),
+        lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512),
+    )
+    try:
+        server.wait_ready()
+        listed = httpx.options(server.url + "/completion", headers={"Origin": "http://b.test"})
+        assert listed.headers["access-control-allow-origin"] == "http://b.test"
+        other = httpx.options(server.url + "/completion", headers={"Origin": "http://evil.test"})
+        assert "access-control-allow-origin" not in other.headers
+    finally:
+        server.stop()
+
+
+def _serve(*flags: str) -> tuple[Any, str]:
+    """``python -m actors.http serve`` on a free port, in a child process."""
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "actors.http", "serve", "--port", str(port), "-c", "1024", "-np", "2", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return child, f"http://127.0.0.1:{port}"
+
+
+def _ready(url: str, child: Any) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(
+        f"the server did not start: {child.stdout.read() if child.poll() is not None else ''}"
+    )
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_drains_then_exits_0_and_a_late_stream_ends_cleanly() -> None:
+    import signal
+
+    child, url = _serve("--drain-timeout", "1")
+    try:
+        _ready(url, child)
+        body = {"prompt": "Go on", "n_predict": 1000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", url + "/completion", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines)
+            child.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            refused = httpx.post(url + "/completion", json={"prompt": "x", "n_predict": 1}, timeout=10)
+            assert refused.status_code == 503
+            rest = list(lines)  # the drain's second passes: an error event, then a clean end
+        events = [json.loads(line[6:]) for line in rest if line.startswith("data: ")]
+        assert events[-1]["error"]["code"] == 503
+        assert child.wait(timeout=30) == 0
+        log = child.stdout.read()
+        assert "Traceback" not in log, log
+    finally:
+        child.kill()
+
+
+def test_an_address_in_use_is_one_clean_line() -> None:
+    child, _ = _serve("--host", "127.0.0.1,127.0.0.1")
+    try:
+        assert child.wait(timeout=60) == 1
+        output = child.stdout.read()
+        assert "cannot listen on 127.0.0.1" in output and "Traceback" not in output, output
+    finally:
+        child.kill()

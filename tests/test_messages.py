@@ -230,3 +230,13 @@ def test_template_kwargs_are_frozen_copies_that_pickle() -> None:
     assert Chat(HI).template_kwargs is None and Chat(HI, template_kwargs={}).template_kwargs == {}
     stream = StreamChat(HI, reply_to=queue.Queue(), template_kwargs={"a": [{"b": 1}]})
     assert stream.template_kwargs == {"a": (MappingProxyType({"b": 1}),)}
+
+
+def test_a_schema_nested_past_the_recursion_limit_is_refused_not_a_recursion_error() -> None:
+    import functools
+
+    from actors import Generate, InvalidRequest
+
+    schema = functools.reduce(lambda inner, _: {"type": "object", "properties": {"a": inner}}, range(400), {})
+    with pytest.raises(InvalidRequest, match="nests deeper"):
+        Generate("x", json_schema=schema)

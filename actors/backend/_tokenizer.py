@@ -41,6 +41,17 @@ class Tokenizer:
         """
         return self._backend.tokenize(text, add_special=add_special, parse_special=parse_special)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` adds to generated text (a piece of a multi-byte
+        character may be invalid UTF-8 alone; special tokens add none).
+
+        Raises:
+            InvalidRequest: the id is outside the vocabulary.
+        """
+        if type(token_id) is not int or not 0 <= token_id < self.n_vocab:
+            raise InvalidRequest(f"token id {token_id!r} is outside the vocabulary (n_vocab={self.n_vocab})")
+        return self._backend.piece(token_id)
+
     @property
     def eog_token_ids(self) -> frozenset[int]:
         """The model's end-of-generation tokens (EOS, EOT, ...): what ``ignore_eos`` bans."""

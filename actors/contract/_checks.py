@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -165,13 +165,29 @@ def _checked_sampling(name: str, value: Any) -> Any:
     return value
 
 
-def _depth(value: object) -> int:
-    """How deeply dicts and lists nest in a JSON value."""
-    if isinstance(value, Mapping):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
+def _depth(value: object, limit: int) -> int:
+    """How deeply dicts and lists nest in a JSON value, counted up to ``limit + 1``.
+
+    Iterative: a value nested deeper than Python's recursion limit (which ``json.loads``
+    accepts) must be refused, not raise ``RecursionError``.
+    """
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping):
+            children: Iterable[object] = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        stack.extend((child, depth) for child in children)
+    return deepest
 
 
 def _checked_bias(bias: object) -> dict[int, float]:
@@ -199,7 +215,8 @@ def _checked_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
         copy: dict[str, Any] = json.loads(text)
     except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
         raise InvalidRequest(f"json_schema is not JSON: {e}") from None
-    _require(_depth(copy) <= MAX_SCHEMA_DEPTH, f"json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    deep = _depth(copy, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH
+    _require(not deep, f"json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
     return copy
 
 

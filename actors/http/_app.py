@@ -10,6 +10,7 @@ without a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -40,6 +41,8 @@ _log = logging.getLogger("llama_cpp_actors.http")
 _PUBLIC = frozenset({"/health", "/v1/health"})
 # JSON bodies larger than this are parsed in a worker thread, off the event loop.
 _PARSE_INLINE_BYTES = 256 * 1024
+_BODY_TIMEOUT_S = 60.0
+_SHUTDOWN = "the server is shutting down: the request was cancelled"
 
 Handler = Callable[[Request], Awaitable[Response | EventStream]]
 
@@ -57,11 +60,15 @@ async def _read_json(request: Request, limit: int) -> Any:
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise HttpError(413, f"the request body is larger than {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HttpError(413, f"the request body is larger than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(_BODY_TIMEOUT_S):  # a slow body holds only its own coroutine, not forever
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HttpError(413, f"the request body is larger than {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise HttpError(408, f"the request body did not arrive within {_BODY_TIMEOUT_S:.0f} s") from None
     raw = b"".join(chunks)
     if not raw.strip():
         return {}
@@ -86,6 +93,8 @@ def _endpoint(handler: Handler, *, body: bool) -> Callable[[Request], Awaitable[
             return error_response(from_engine_error(e))
         except (ClientGone, ClientDisconnect):
             return Response(status_code=499)  # nobody is there to read it
+        except RecursionError:  # a value nested past what some check can walk
+            return error_response(HttpError(400, "the request nests too deeply"))
         except Exception:
             _log.exception("%s %s failed", request.method, request.url.path)
             return error_response(HttpError(500, "internal server error"))
@@ -124,7 +133,8 @@ def _routes() -> list[Route]:
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     message = "File Not Found" if status == 404 else str(getattr(exc, "detail", "")) or "error"
-    return error_response(HttpError(status, message))
+    headers = getattr(exc, "headers", None) or {}
+    return error_response(HttpError(status, message, headers=headers))
 
 
 def _is_localhost(origin: str) -> bool:
@@ -149,7 +159,11 @@ class _Gate:
             return origin or None  # llama-server echoes any Origin
         if settings.cors_origins == "localhost":
             return origin if origin and _is_localhost(origin.decode("latin-1")) else None
-        return settings.cors_origins.encode("latin-1")
+        allowed = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+        if len(allowed) == 1:
+            return allowed[0].encode("latin-1")  # as llama-server sends it
+        # A header may name one origin: the request's, when it is on the list.
+        return origin if origin and origin.decode("latin-1") in allowed else None
 
     def _key_ok(self, headers: Mapping[bytes, bytes]) -> bool:
         given = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
@@ -201,16 +215,40 @@ class _Gate:
             await self._reply(send, 503, "the server is shutting down", cors)
             return
 
+        started: list[bool] = []  # [is an event stream], once the response has begun
+
         async def send_with_cors(message: Message) -> None:
-            if message["type"] == "http.response.start" and cors:
-                message = {**message, "headers": [*message.get("headers", []), *cors]}
+            if message["type"] == "http.response.start":
+                started.append(any(v.startswith(b"text/event-stream") for _, v in message.get("headers", ())))
+                if cors:
+                    message = {**message, "headers": [*message.get("headers", []), *cors]}
             await send(message)
 
+        task = asyncio.current_task()
         service.in_flight += 1
+        if task is not None:
+            service.tasks.add(task)
         try:
             await self.app(scope, receive, send_with_cors)
+        except asyncio.CancelledError:
+            if not service.drain_expired or task is None:
+                raise
+            # The drain's time is up: the request was cancelled (its engine request
+            # with it); the client gets a clean ending, never a cut-off body.
+            task.uncancel()
+            with contextlib.suppress(OSError, RuntimeError):
+                if not started:
+                    await self._reply(
+                        send, 503, "the server is shutting down: the request was cancelled", cors
+                    )
+                elif started[0]:
+                    ending = error_body(503, "the server is shutting down: the request was cancelled")
+                    await send({"type": "http.response.body", "body": b"data: " + ending + b"\n\n"})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             service.in_flight -= 1
+            if task is not None:
+                service.tasks.discard(task)
 
 
 def create_app(settings: HttpSettings, start_engine: Callable[[], Any]) -> ASGIApp:

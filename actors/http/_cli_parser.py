@@ -68,6 +68,19 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(message)
 
 
+class _Extend(argparse.Action):
+    """Each occurrence's values added to the ones before (``--api-key a --api-key b,c``)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, (*getattr(namespace, self.dest, ()), *values))
+
+
 def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("-h", "--help", "--usage", action="help", help="print this help and exit")
     serve.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -90,6 +103,8 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
                 default=unset,
                 metavar=option.metavar,
                 help=text + env,
+                # llama-server adds the keys of every --api-key; any other flag's last wins.
+                action=_Extend if option.dest == "api_key" else "store",
             )
             continue
         refused = _REFUSED_NEGATIONS.get(option.dest)

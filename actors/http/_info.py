@@ -7,7 +7,6 @@ thread, and the slots from the last ``tick`` signal.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -57,7 +56,7 @@ async def models(request: Request) -> Response:
 
 async def _stats(service: Service) -> dict[str, Any]:
     try:
-        stats = await asyncio.to_thread(service.engine.ask, GetStats(), timeout=10)
+        stats = await service.call(lambda: service.engine.ask(GetStats(), timeout=10))
     except Exception as e:
         raise HttpError(503, f"the engine did not answer: {e}") from None
     return dict(stats)
@@ -123,7 +122,8 @@ async def metrics(request: Request) -> Response:
     service = _service(request)
     if service.metrics is None:
         raise HttpError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
-    text = await asyncio.to_thread(service.metrics.render)
+    metrics = service.metrics
+    text = await service.call(lambda: metrics.render(service.engine.ask(GetStats(), timeout=10)))
     response = Response(text, media_type="text/plain; version=0.0.4")
     # Appended raw: Starlette lowercases header names, llama-server's clients read this one as is.
     response.raw_headers.append((b"Process-Start-Time-Unix", str(int(service.t_started)).encode()))

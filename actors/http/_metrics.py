@@ -8,6 +8,7 @@ text is rendered in a worker thread of the event loop.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import telemetry
@@ -80,16 +81,18 @@ class Metrics:
             v["n_decode_total"] += 1
             v["n_tokens_max"] = max(v["n_tokens_max"], measurements["batch_size"])
             self._busy_slots += measurements["active_slots"]
-            v["requests_processing"] = measurements["active_slots"]
-            v["requests_deferred"] = measurements["queue_depth"]
 
-    def render(self) -> str:
-        """llama-server's metrics, then this engine's (Prometheus text format)."""
+    def render(self, stats: Mapping[str, Any]) -> str:
+        """llama-server's metrics, then this engine's (Prometheus text format); the
+        gauges of the load come from ``stats`` (``GetStats``), not the last tick, which
+        an engine that went idle by cancels never sends."""
         from prometheus_client import generate_latest
 
         with self._lock:
             v = dict(self._values)
             busy = self._busy_slots
+        v["requests_processing"] = stats.get("active_slots", 0)
+        v["requests_deferred"] = stats.get("queue_depth", 0)
         n_decode = v["n_decode_total"]
         v["n_busy_slots_per_decode"] = busy / n_decode if n_decode else 0.0
         v["prompt_tokens_seconds"] = (

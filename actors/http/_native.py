@@ -250,6 +250,12 @@ def _special(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+# /tokenize's text (a prompt is bounded the same way by the engine's own check).
+MAX_TOKENIZE_CHARS = 1 << 20
+# /detokenize's ids, and the pieces /tokenize lists one by one.
+MAX_TOKENS = 1 << 18
+
+
 async def tokenize(request: Request) -> Response:
     """``POST /tokenize``: ``{"content", "add_special", "parse_special", "with_pieces"}``."""
     service: Service = request.app.state.service
@@ -257,30 +263,39 @@ async def tokenize(request: Request) -> Response:
     content = body.get("content", "")
     if not isinstance(content, str):
         raise HttpError(400, "'content' must be a string")
+    if len(content) > MAX_TOKENIZE_CHARS:
+        raise HttpError(400, f"'content' may have at most {MAX_TOKENIZE_CHARS} characters")
+    add_special = _special(body, "add_special", False)
+    parse_special = _special(body, "parse_special", True)
+    with_pieces = _special(body, "with_pieces", False)
     tokenizer = service.need_tokenizer()
+
+    def work() -> dict[str, Any]:  # a work thread: llama.cpp's tokenizer releases the GIL
+        ids = tokenizer.tokenize(content, add_special=add_special, parse_special=parse_special)
+        if not with_pieces:
+            return {"tokens": ids}
+        if len(ids) > MAX_TOKENS:
+            raise HttpError(400, f"'with_pieces' lists at most {MAX_TOKENS} tokens")
+        pieces: list[dict[str, Any]] = []
+        for token in ids:
+            text = tokenizer.detokenize([token])
+            piece: str | list[int] = text
+            if "\ufffd" in text:  # not valid UTF-8 alone: llama-server sends its bytes
+                piece = list(tokenizer.token_bytes(token))
+            pieces.append({"id": token, "piece": piece})
+        return {"tokens": pieces}
+
     try:
-        ids = tokenizer.tokenize(
-            content,
-            add_special=_special(body, "add_special", False),
-            parse_special=_special(body, "parse_special", True),
-        )
+        return json_response(await service.run(work))
     except EngineError as e:
         raise from_engine_error(e) from None
-    if not _special(body, "with_pieces", False):
-        return json_response({"tokens": ids})
-    pieces: list[dict[str, Any]] = []
-    for token in ids:
-        text = tokenizer.detokenize([token])
-        piece: str | list[int] = text
-        if "\ufffd" in text:  # not valid UTF-8 alone: llama-server sends its bytes
-            piece = list(text.encode("utf-8", "replace"))
-        pieces.append({"id": token, "piece": piece})
-    return json_response({"tokens": pieces})
 
 
 def _token_ids(value: object) -> Sequence[int]:
     if not isinstance(value, list) or not all(type(t) is int for t in value):
         raise HttpError(400, "'tokens' must be a list of token ids")
+    if len(value) > MAX_TOKENS:
+        raise HttpError(400, f"'tokens' may have at most {MAX_TOKENS} ids")
     return value
 
 
@@ -294,7 +309,7 @@ async def detokenize(request: Request) -> Response:
     if bad:
         raise HttpError(400, f"token id {bad[0]} is outside the vocabulary (n_vocab={tokenizer.n_vocab})")
     try:
-        return json_response({"content": tokenizer.detokenize(ids)})
+        return json_response({"content": await service.run(tokenizer.detokenize, ids)})
     except EngineError as e:
         raise from_engine_error(e) from None
 
@@ -309,7 +324,7 @@ async def apply_template(request: Request) -> Response:
     tokenizer = service.need_tokenizer()
     try:
         variables = template_kwargs(service.settings.chat_template_kwargs, body) or None
-        prompt = await asyncio.to_thread(tokenizer.apply_chat_template, messages, variables)
+        prompt = await service.run(tokenizer.apply_chat_template, messages, variables)
     except EngineError as e:
         raise from_engine_error(e) from None
     return json_response({"prompt": prompt})

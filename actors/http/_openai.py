@@ -7,7 +7,6 @@ Handlers run on the event loop; the engine is reached only through the public he
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -41,9 +40,12 @@ _DONE = b"data: [DONE]\n\n"
 
 
 def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
-    n = body.get("n", 1)
-    if n != 1:
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):
         raise HttpError(400, "only n=1 is supported")
+    best_of = body.get("best_of")
+    if best_of is not None and (type(best_of) is not int or best_of != 1):
+        raise HttpError(400, "only best_of=1 is supported")
     for name in ("tools", "functions"):
         if body.get(name):
             raise HttpError(400, f"'{name}' is not supported by this server")
@@ -57,6 +59,8 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
         raise HttpError(400, "'max_tokens' must be an integer")
     options["max_tokens"] = max_tokens(requested, service.limits)
     logprobs = body.get("logprobs")
+    if chat and logprobs is not None and not isinstance(logprobs, bool):
+        raise HttpError(400, "'logprobs' must be true or false")
     if chat and logprobs is True:
         top = body.get("top_logprobs", 0)
         if isinstance(top, bool) or not isinstance(top, int):
@@ -102,8 +106,15 @@ def _response_format(value: object) -> dict[str, Any]:
 
 
 def _model(service: Service, body: Mapping[str, Any]) -> str:
+    """The model name echoed back: the request's, if it is a sensible name, else ours."""
     model = body.get("model")
-    return model if isinstance(model, str) and model else service.model_ids[0]
+    if isinstance(model, str) and 0 < len(model) <= 256 and model.isprintable():
+        try:
+            model.encode("utf-8")  # a lone surrogate cannot be sent back
+            return model
+        except UnicodeEncodeError:
+            pass
+    return service.model_ids[0]
 
 
 def _usage(completion: Completion) -> dict[str, Any]:
@@ -228,7 +239,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
         }
         verbose = body.get("verbose")
         if verbose is True or (verbose is None and service.settings.verbose):  # llama-server's debug view
-            prompt = await asyncio.to_thread(
+            prompt = await service.run(
                 service.need_tokenizer().apply_chat_template, messages, options.get("template_kwargs")
             )
             reply["__verbose"] = {
@@ -255,7 +266,7 @@ async def input_tokens(request: Request) -> Response:
         return len(tokenizer.tokenize(prompt, add_special=True, parse_special=True))
 
     try:
-        return json_response({"input_tokens": await asyncio.to_thread(count)})
+        return json_response({"input_tokens": await service.run(count)})
     except EngineError as e:
         raise from_engine_error(e) from None
 

@@ -22,6 +22,8 @@ _PRIVATE_SCOPES = itertools.count()
 
 # Text keys of logit_bias are tokenized on the event loop: bounded, like a prompt is.
 _MAX_BIAS_TEXT = 64 * 1024
+# Entries of one logit_bias (there are fewer tokens than this in any vocabulary we serve).
+_MAX_BIAS_ENTRIES = 1 << 17
 
 # llama-server's "random seed" (LLAMA_DEFAULT_SEED); our engine takes None for it.
 _RANDOM_SEED = 0xFFFFFFFF
@@ -52,6 +54,12 @@ class Limits:
 
 def _fail(message: str) -> HttpError:
     return HttpError(400, message)
+
+
+def _show(value: object) -> str:
+    """A short, printable picture of a client's value for an error message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _number(body: Mapping[str, Any], name: str) -> float | None:
@@ -108,6 +116,8 @@ def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int
         pairs = [(p[0], p[1]) for p in value]
     else:
         raise _fail("'logit_bias' must be an object of token id -> bias, or a list of [token, bias]")
+    if len(pairs) > _MAX_BIAS_ENTRIES:
+        raise _fail(f"'logit_bias' may have at most {_MAX_BIAS_ENTRIES} entries")
     text = sum(len(key) for key, _ in pairs if isinstance(key, str))
     if text > _MAX_BIAS_TEXT:
         raise _fail(f"logit_bias text keys may have at most {_MAX_BIAS_TEXT} characters in all")
@@ -116,19 +126,17 @@ def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int
         if raw is False:
             amount = -math.inf
         elif isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
-            raise _fail(f"logit_bias for {str(key)[:40]!r} must be a finite number or false")
+            raise _fail(f"logit_bias for {_show(key)} must be a finite number or false")
         else:
             amount = float(raw)
-        if isinstance(key, bool):
-            raise _fail("a logit_bias token must be a token id or a string")
+        if isinstance(key, bool) or not isinstance(key, int | str):
+            raise _fail(f"a logit_bias token must be a token id or a string, got {_show(key)}")
         if isinstance(key, int):
             ids = [key]
-        elif isinstance(key, str) and key.isdigit() and len(key) <= 10:
+        elif key.isascii() and key.isdigit() and len(key) <= 10:
             ids = [int(key)]
-        elif isinstance(key, str):
-            ids = tokenize(key)  # a piece of text: every token of it
         else:
-            raise _fail(f"logit_bias key {key[:40]!r} is not a token id")
+            ids = tokenize(key)  # a piece of text: every token of it
         for token in ids:
             bias[token] = amount
     return bias or None

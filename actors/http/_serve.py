@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,11 +49,15 @@ class _DrainingServer(uvicorn.Server):
         self.drain_deadline = time.monotonic() + self.service.settings.drain_timeout_s
 
     async def on_tick(self, counter: int) -> bool:
-        draining = self.drain_deadline is not None and not self.should_exit
-        if draining and (self.service.in_flight == 0 or time.monotonic() >= (self.drain_deadline or 0.0)):
-            if self.service.in_flight:
+        if self.drain_deadline is not None and not self.should_exit:
+            now = time.monotonic()
+            if self.service.in_flight == 0:
+                self.should_exit = True
+            elif now >= self.drain_deadline and not self.service.drain_expired:
                 _log.warning("drain timed out: cancelling %d requests", self.service.in_flight)
-            self.should_exit = True
+                self.service.cancel_all()
+            elif now >= self.drain_deadline + _CLOSE_GRACE_S:
+                self.should_exit = True  # what is left, uvicorn's own shutdown cancels
         return await super().on_tick(counter)
 
     def load_failed(self) -> None:
@@ -96,25 +101,39 @@ def serve(
         # llama-server's own clients compare a few names exactly. Its cost is a few
         # microseconds per event, under the noise of bench/http.py.
         http="h11",
+        limit_concurrency=settings.max_connections,
     )
     server = _DrainingServer(config, service)
     service.on_load_failed = server.load_failed
-    if len(hosts) == 1:
-        asyncio.run(server.serve())
-    else:
-        import socket
-
-        sockets = []
-        for host in hosts:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host.strip("[]"), port))
-            sockets.append(sock)
-        asyncio.run(server.serve(sockets=sockets))
-    if server.failed:
-        print(
-            f"llama-cpp-actors serve: error: the model failed to load: {service.load_error}", file=sys.stderr
-        )
+    try:
+        sockets = [_bind(host, port) for host in hosts]
+    except OSError as e:
+        print(f"llama-cpp-actors serve: error: cannot listen on {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
+    asyncio.run(server.serve(sockets=sockets))
+    if server.failed and not service.draining:
+        error = service.load_error
+        print(f"llama-cpp-actors serve: error: the model failed to load: {error}", file=sys.stderr)
+        return 1
+    if not server.started and not service.draining:
+        print("llama-cpp-actors serve: error: the server did not start (see the log above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; an ``OSError`` naming the address."""
+    address = host.strip("[]")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((address, port))
+        sock.listen(2048)  # here, so an address already taken fails here, by name
+    except (OSError, OverflowError) as e:
+        sock.close()
+        reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
+        raise OSError(getattr(e, "errno", None), reason, f"{host}:{port}") from None
+    return sock

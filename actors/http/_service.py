@@ -13,7 +13,8 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from actors import GetInfo, GetStats, GetTokenizer, Tokenizer
 from actors.http._errors import HttpError
@@ -22,6 +23,8 @@ from actors.http._params import Limits
 from actors.http._settings import HttpSettings
 
 __all__ = ["Service"]
+
+T = TypeVar("T")
 
 _log = logging.getLogger("llama_cpp_actors.http")
 
@@ -51,6 +54,12 @@ class Service:
         self.on_load_failed: Callable[[], None] | None = None
         self.draining = False
         self.in_flight = 0
+        self.tasks: set[asyncio.Task[Any]] = set()  # every request being handled
+        self.drain_expired = False
+        # Worker threads of their own, so a burst of long prompts being prepared (in the
+        # loop's default executor) never delays /slots, /metrics or /tokenize.
+        self.control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llama-cpp-actors-http-control")
+        self.work = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llama-cpp-actors-http-work")
         self.t_started = time.time()
         self.metrics = Metrics() if settings.metrics else None
 
@@ -76,10 +85,26 @@ class Service:
         if self.load_error is not None and self.on_load_failed is not None:
             self.on_load_failed()
 
+    def cancel_all(self) -> None:
+        """The drain's time is up: cancel every request still being handled (event loop)."""
+        self.drain_expired = True
+        for task in list(self.tasks):
+            task.cancel()
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in a control thread (GetStats and the like)."""
+        return await asyncio.get_running_loop().run_in_executor(self.control, function, *args)
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in a work thread (tokenizing, templates)."""
+        return await asyncio.get_running_loop().run_in_executor(self.work, function, *args)
+
     def close(self) -> None:
         """Stop the engine (lifespan shutdown)."""
         if self.metrics is not None:
             self.metrics.close()
+        self.control.shutdown(wait=False, cancel_futures=True)
+        self.work.shutdown(wait=False, cancel_futures=True)
         if self.engine is not None:
             try:
                 self.engine.stop(timeout=30)

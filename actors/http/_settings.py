@@ -13,9 +13,12 @@ from actors import Chat, ConfigError, InvalidRequest
 
 __all__ = ["HttpSettings"]
 
-# A prompt may be up to 16 Mi characters (actors' MAX_PROMPT_CHARS); a JSON body
-# carrying one, escaped, fits in twice that.
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+# Parsing JSON holds the GIL, so the event loop waits for it even in a worker thread:
+# 4 MiB parses in about 0.1 s here, and carries a prompt of a million characters (far
+# past any slot's context; llama-server's clients send far less).
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# Connections beyond this get 503 from uvicorn (each costs a file descriptor, no slot).
+DEFAULT_MAX_CONNECTIONS = 2048
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +42,7 @@ class HttpSettings:
         n_predict: the server's default and cap for tokens per request (llama-server's
             ``-n``); -1: up to the context of a slot.
         max_body_bytes: larger request bodies get 413.
+        max_connections: connections beyond this get 503 (uvicorn's ``limit_concurrency``).
         drain_timeout_s: on SIGTERM/SIGINT, how long in-flight requests may finish.
         chat_template_kwargs: extra variables for the chat template, (name, JSON value)
             pairs checked as a ``Chat``'s ``template_kwargs`` are and stored frozen
@@ -57,6 +61,7 @@ class HttpSettings:
     cors_credentials: bool = True
     n_predict: int = -1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     drain_timeout_s: float = 30.0
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     verbose: bool = False
@@ -79,6 +84,8 @@ class HttpSettings:
             raise ConfigError(
                 f"max_body_bytes must be an int within [1024, 2**30], got {self.max_body_bytes!r}"
             )
+        if type(self.max_connections) is not int or not 1 <= self.max_connections <= 1 << 20:
+            raise ConfigError(f"max_connections must be within [1, 2**20], got {self.max_connections!r}")
         if not isinstance(self.drain_timeout_s, int | float) or not 0 <= self.drain_timeout_s <= 3600:
             raise ConfigError(
                 f"drain_timeout_s must be within [0, 3600] seconds, got {self.drain_timeout_s!r}"

@@ -41,6 +41,10 @@ async def _race(work: Awaitable[T], receive: Receive) -> T:
     except asyncio.CancelledError:
         task.cancel()
         watch.cancel()
+        # Let the work finish cancelling (an async generator's step, say) before the
+        # caller closes what it was using.
+        with contextlib.suppress(BaseException):
+            await task
         raise
     if task.done():
         watch.cancel()
