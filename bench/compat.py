@@ -77,6 +77,20 @@ LEFT_OUT: tuple[tuple[str, str], ...] = (
         "unit/test_security.py::test_cors_origins_defaults_to_localhost_with_tools_enabled",
         "tools run by the server (--tools)",
     ),
+    (
+        "unit/test_kv_keep_only_active.py::*",
+        "reads llama-server's own debug log lines (__TEST_TAG_...) and its --cache-idle-slots switch",
+    ),
+    (
+        "unit/test_template.py::test_reasoning?*-auto-*",
+        "llama.cpp's per-model chat formats (common/chat.cpp) rewrite a template's output for "
+        "--reasoning auto; ours renders the Jinja template as written",
+    ),
+    (
+        "unit/test_chat_completion.py::test_apply_chat_template",
+        "a template built into llama.cpp's C++ by name (command-r); ours knows chatml and llama3, "
+        "or takes the Jinja text",
+    ),
 )
 
 # Tests whose outcome on llama-server varies from run to run on this machine: marked

@@ -634,3 +634,34 @@ def test_an_address_in_use_is_one_clean_line() -> None:
         assert "cannot listen on 127.0.0.1" in output and "Traceback" not in output, output
     finally:
         child.kill()
+
+
+def test_continue_final_message_and_add_generation_prompt(running: Running) -> None:
+    prefill = [*CHAT, {"role": "assistant", "content": "Blue"}]
+    url = running.url + "/v1/chat/completions"
+    both = {"messages": prefill, "add_generation_prompt": True, "continue_final_message": True}
+    assert httpx.post(url, json=both).status_code == 400
+    assert httpx.post(url, json={"messages": CHAT, "continue_final_message": True}).status_code == 400
+    ok = httpx.post(
+        url, json={"messages": prefill, "continue_final_message": True, "max_tokens": 1}, timeout=60
+    )
+    assert ok.status_code == 200
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    prompt = httpx.post(
+        running.url + "/apply-template", json={"messages": [{"role": "user", "content": parts}]}
+    )
+    assert "Wh\n\nill" in prompt.json()["prompt"]  # llama-server joins text parts so
+
+
+def test_templates_see_todays_date_as_llama_cpp_gives_it(model_path: str) -> None:
+    template = "{{ date_string }}|{{ datetime }}|{% for m in messages %}{{ m.content }}{% endfor %}"
+    server = Running(
+        HttpSettings(),
+        lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512, chat_template=template),
+    )
+    try:
+        server.wait_ready()
+        prompt = httpx.post(server.url + "/apply-template", json={"messages": CHAT}).json()["prompt"]
+        assert prompt.startswith(time.strftime("%d %b %Y") + "|" + time.strftime("%b %d %Y") + "|")
+    finally:
+        server.stop()

@@ -244,7 +244,11 @@ class LlamaBackend:
     def _render(self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None) -> str:
         if self._chat is None:
             raise InvalidRequest("the model has no chat template")
-        variables = _template_variables({**self._template_defaults, **(template_kwargs or {})})
+        # llama.cpp's extra context (common_chat_extra_context): templates that print the
+        # date find today's, under the server's and the request's own variables.
+        now = time.localtime()
+        today = {"datetime": time.strftime("%b %d %Y", now), "date_string": time.strftime("%d %b %Y", now)}
+        variables = _template_variables({**today, **self._template_defaults, **(template_kwargs or {})})
         try:
             return str(self._chat(messages=messages, **variables).prompt)  # type: ignore[arg-type]
         except Exception as e:  # the template's raise_exception, or a Jinja error

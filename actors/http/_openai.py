@@ -83,6 +83,23 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
     return options
 
 
+def _check_continuation(body: Mapping[str, Any], messages: list[dict[str, str]]) -> None:
+    """vLLM's ``continue_final_message`` and ``add_generation_prompt``: a final assistant
+    message is always continued here (a prefill), and a new turn always opened otherwise."""
+    add = body.get("add_generation_prompt")
+    cont = body.get("continue_final_message")
+    for name, value in (("add_generation_prompt", add), ("continue_final_message", cont)):
+        if value is not None and not isinstance(value, bool):
+            raise HttpError(400, f"'{name}' must be true or false")
+    if add and cont:
+        raise HttpError(400, "add_generation_prompt and continue_final_message cannot both be true")
+    prefill = len(messages) > 1 and messages[-1]["role"] == "assistant"
+    if cont and not prefill:
+        raise HttpError(400, "continue_final_message needs a final assistant message to continue")
+    if add is False and not prefill:
+        raise HttpError(400, "add_generation_prompt=false is supported with a final assistant message only")
+
+
 def _response_format(value: object) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise HttpError(400, "'response_format' must be an object")
@@ -220,6 +237,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
     messages = chat_messages(body.get("messages"))
+    _check_continuation(body, messages)
     options = _options(service, body, chat=True)
     cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:

@@ -248,7 +248,7 @@ def chat_messages(value: object) -> list[dict[str, str]]:
                 if not isinstance(text, str):
                     raise _fail("a text content part needs a string 'text'")
                 texts.append(text)
-            content = "".join(texts)
+            content = "\n\n".join(texts)  # llama-server joins a message's text parts so
         if not isinstance(content, str):
             raise _fail("a message's 'content' must be a string or a list of text parts")
         if message.get("tool_calls"):
