@@ -36,6 +36,7 @@ import asyncio
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -282,10 +283,13 @@ def requests_at(args: argparse.Namespace, c: int) -> int:
 
 
 def measure(
-    started: dict[str, System], args: argparse.Namespace, paths: list[str]
-) -> tuple[dict[tuple[str, int], list[Run]], dict[str, list[Run]]]:
-    results: dict[tuple[str, int], list[Run]] = {}
-    cost: dict[str, list[Run]] = {"engine": [], "ours": []}
+    started: dict[str, System],
+    args: argparse.Namespace,
+    paths: list[str],
+    results: dict[tuple[str, int], list[Run]],
+    cost: dict[str, list[Run]],
+) -> None:
+    """Fill ``results`` and ``cost`` run by run, so an interrupted run keeps what it measured."""
     names = list(started)
     for r in range(args.rounds):
         for c in args.levels:
@@ -314,7 +318,6 @@ def measure(
                     f"  round {r + 1}/{args.rounds} cost c={c} {which:8s} {run.tokens_per_s:7.1f} tok/s",
                     flush=True,
                 )
-    return results, cost
 
 
 def _med(runs: list[Run], metric: Any) -> float:
@@ -363,7 +366,7 @@ def report(
         ]
         for c in args.levels
         for name in names
-        if (v := s[(name, c)])
+        if (v := s.get((name, c)))
     ]
     endpoints = " and ".join(args.paths) + (" (alternating)" if len(args.paths) > 1 else "")
     text = (
@@ -381,6 +384,8 @@ def report(
         header.append("goal (c >= 4: tok/s >= 1.0x, TTFT p50 <= 1.0x llama-server)")
         rows = []
         for c in args.levels:
+            if ("ours", c) not in s or any((p, c) not in s for p in peers):
+                continue
             ours, row = s[("ours", c)], [str(c)]
             for p in peers:
                 row += [
@@ -395,7 +400,7 @@ def report(
                 row.append("met" if met else "not met")
             rows.append(row)
         text += f"\n## Ours / peer\n\n{markdown_table(header, rows)}"
-    if cost["engine"]:
+    if cost["engine"] and cost["ours"]:
         engine, http = summary(cost["engine"]), summary(cost["ours"])
         ratio = http["tok/s"] / engine["tok/s"]
         rows = [
@@ -453,10 +458,24 @@ def main() -> None:
         parser.error("no server to measure")
     print(f"{machine()}; levels {args.levels}, {args.rounds} rounds, max_tokens={args.max_tokens}")
     started = start_servers(names, args)
+    results: dict[tuple[str, int], list[Run]] = {}
+    cost: dict[str, list[Run]] = {"engine": [], "ours": []}
+    # Ctrl-C or SIGTERM stops the run and reports what it measured, also when started
+    # in the background (where a shell leaves SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interrupted = False
     try:
-        results, cost = measure(started, args, args.paths)
+        measure(started, args, args.paths, results, cost)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("interrupted: reporting what was measured")
     finally:
         stop_servers(started)
+    if interrupted:
+        args.levels = [c for c in args.levels if any((n, c) in results for n in names)]
+        names = [n for n in names if any((n, c) in results for c in args.levels)]
+        args.rounds = f"{max((len(v) for v in results.values()), default=0)} (interrupted)"
     text = report(results, cost, names, args)
     print()
     print(text)
