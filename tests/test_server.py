@@ -227,6 +227,8 @@ def test_a_stream_whose_consumer_stops_reading_is_cancelled_and_still_gets_its_e
 
 def test_stats_and_info(server: pykka.ActorRef[Any], model_path: str) -> None:
     stats = server.ask(GetStats())
+    slots = stats.pop("slots")
+    assert [(s.seq_id, s.state, s.request_id) for s in slots] == [(i, "idle", None) for i in range(4)]
     assert stats == {
         "active_slots": 0, "idle_slots": 4, "prefilling_slots": 0, "generating_slots": 0,
         "queue_depth": 0, "n_parallel": 4, "n_batch": 2048, "n_ctx": 2048, "n_ctx_per_slot": 512,
