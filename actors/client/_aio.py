@@ -126,6 +126,10 @@ async def _next(
 ) -> Event:
     import asyncio
 
+    # An event already waiting is taken at once: wait_for makes a task and a timer per
+    # call, a cost every token of every stream would pay.
+    with contextlib.suppress(asyncio.QueueEmpty):
+        return queue.get_nowait()
     loop = asyncio.get_running_loop()
     while True:
         wait = (
