@@ -28,7 +28,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import EngineError
 from actors.http import _info, _native, _openai
-from actors.http._errors import HttpError, error_body, error_response, from_engine_error
+from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
+from actors.http._generation import error_event
 from actors.http._service import Service
 from actors.http._settings import HttpSettings
 from actors.http._stream import ClientGone, EventStream
@@ -180,7 +181,7 @@ class _Gate:
             *extra,
         ]
         if status == 503:
-            headers.append((b"Retry-After", b"1"))
+            headers.append((b"Retry-After", str(RETRY_AFTER_S).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -242,8 +243,8 @@ class _Gate:
                         send, 503, "the server is shutting down: the request was cancelled", cors
                     )
                 elif started[0]:
-                    ending = error_body(503, "the server is shutting down: the request was cancelled")
-                    await send({"type": "http.response.body", "body": b"data: " + ending + b"\n\n"})
+                    ending = error_event(HttpError(503, _SHUTDOWN))
+                    await send({"type": "http.response.body", "body": ending})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             service.in_flight -= 1

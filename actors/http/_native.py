@@ -27,7 +27,7 @@ from actors.http._generation import (
     stop_type,
     timings,
 )
-from actors.http._params import _OFF_VALUES, max_tokens, sampling_options
+from actors.http._params import _OFF_VALUES, RANDOM_SEED, max_tokens, sampling_options
 from actors.http._service import Service
 from actors.http._stream import EventStream, unless_disconnected
 
@@ -41,8 +41,6 @@ __all__ = [
     "prompts_of",
     "tokenize",
 ]
-
-_SEED_RANDOM = 0xFFFFFFFF
 
 
 def json_response(value: Any, status: int = 200) -> Response:
@@ -107,7 +105,7 @@ def generation_settings(service: Service, options: Mapping[str, Any], stream: bo
         "n_ctx": service.n_ctx_slot,
         "n_predict": options["max_tokens"],
         "max_tokens": options["max_tokens"],
-        "seed": _SEED_RANDOM if seed is None else seed,
+        "seed": RANDOM_SEED if seed is None else seed,
         "temperature": value("temp"),
         "top_k": value("top_k"),
         "top_p": value("top_p"),

@@ -15,7 +15,7 @@ from typing import Any
 
 from actors.http._errors import HttpError
 
-__all__ = ["Limits", "chat_messages", "max_tokens", "sampling_options", "template_kwargs"]
+__all__ = ["RANDOM_SEED", "Limits", "chat_messages", "max_tokens", "sampling_options", "template_kwargs"]
 
 # Scopes of requests that asked not to share their KV (cache_prompt: false).
 _PRIVATE_SCOPES = itertools.count()
@@ -26,7 +26,7 @@ _MAX_BIAS_TEXT = 64 * 1024
 _MAX_BIAS_ENTRIES = 1 << 17
 
 # llama-server's "random seed" (LLAMA_DEFAULT_SEED); our engine takes None for it.
-_RANDOM_SEED = 0xFFFFFFFF
+RANDOM_SEED = 0xFFFFFFFF
 
 # Sampler settings llama.cpp has and this engine does not: accepted at the value that
 # turns them off (what clients send by default), refused otherwise, never ignored.
@@ -180,7 +180,7 @@ def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int
     if options.get("n_keep") == -1:
         options.pop("n_keep")
     seed = _int(body, "seed")
-    if seed is not None and seed not in (-1, _RANDOM_SEED):
+    if seed is not None and seed not in (-1, RANDOM_SEED):
         options["seed"] = seed
     stop = _stop(body.get("stop"))
     if stop:
