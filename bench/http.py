@@ -50,10 +50,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)
 
-import httpx
-
 from actors import default_model_path
 from bench._common import EOG_IDS, RESULTS, machine, markdown_table, percentile, prompts, write_result
+from bench._sse import SseConnection
 from bench._systems import Engine, ExampleServer, LlamaServer, System, _free_port, _wait_http
 
 PEERS = ROOT / "bench" / ".peers"
@@ -143,30 +142,24 @@ class Run:
         return self.tokens / self.wall_s if self.wall_s else 0.0
 
 
-async def _one(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> tuple[float, list[float], int]:
+async def _one(conn: SseConnection, path: str, body: dict[str, Any]) -> tuple[float, list[float], int]:
     """Send one streaming request; (t_sent, arrivals of events with text, tokens)."""
     arrivals: list[float] = []
     usage: int | None = None
     done = False
     t_sent = time.perf_counter()
-    async with client.stream("POST", path, json=body) as response:
-        if response.status_code != 200:
-            text = (await response.aread())[:300]
-            raise RuntimeError(f"{path}: HTTP {response.status_code}: {text!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                break
-            event = json.loads(data)
-            if event.get("usage"):
-                usage = event["usage"].get("completion_tokens")
-            for choice in event.get("choices") or ():
-                text = choice.get("delta", {}).get("content") if path == CHAT else choice.get("text")
-                if text:
-                    arrivals.append(time.perf_counter())
+    key = "delta" if path == CHAT else None
+    async for data in conn.events(path, body):
+        if data == b"[DONE]":
+            done = True
+            continue
+        event = json.loads(data)
+        if event.get("usage"):
+            usage = event["usage"].get("completion_tokens")
+        for choice in event.get("choices") or ():
+            text = choice.get("delta", {}).get("content") if key else choice.get("text")
+            if text:
+                arrivals.append(time.perf_counter())
     if not done:
         raise RuntimeError(f"{path}: the stream ended without data: [DONE] after {len(arrivals)} events")
     if not arrivals:
@@ -183,18 +176,16 @@ async def _level(server: str, port: int, c: int, n: int, tag: str, max_tokens: i
 
     async def client() -> None:
         nonlocal t_end
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=httpx.Timeout(300.0)
-        ) as http:
+        conn = SseConnection(port)
+        try:
             while todo:
                 i = todo.pop(0)
                 path = paths[i % len(paths)]
                 try:
                     t_sent, arrivals, tokens = await _one(
-                        http, path, body_for(server, path, texts[i], max_tokens)
+                        conn, path, body_for(server, path, texts[i], max_tokens)
                     )
-                except (httpx.HTTPError, RuntimeError, ValueError) as e:
+                except (OSError, TimeoutError, asyncio.IncompleteReadError, RuntimeError, ValueError) as e:
                     run.errors.append(f"{type(e).__name__}: {e}"[:400])
                     continue
                 run.tokens += tokens
@@ -202,6 +193,8 @@ async def _level(server: str, port: int, c: int, n: int, tag: str, max_tokens: i
                 run.ttft_ms.append((arrivals[0] - t_sent) * 1000.0)
                 run.itl_ms += [(b - a) * 1000.0 for a, b in itertools.pairwise(arrivals)]
                 t_end = max(t_end, arrivals[-1])
+        finally:
+            await conn.close()
 
     await asyncio.gather(*(client() for _ in range(c)))
     run.wall_s = t_end - t_start
