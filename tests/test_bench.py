@@ -62,6 +62,16 @@ def test_multiturn(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(450)
+def test_sharing(tmp_path: Path) -> None:
+    out = run("sharing.py", tmp_path, "--quick", "--systems", "sharing,no-sharing")
+    table = (tmp_path / "sharing.md").read_text()
+    for row in ("| sharing | multi-turn x2 slots |", "| no-sharing | burst x2 slots |"):
+        assert row in table
+    assert "computed vs no-sharing" in table
+    assert "computed within 1.1x of unique" in out
+
+
+@pytest.mark.timeout(450)
 def test_soak() -> None:
     result = subprocess.run(
         [
