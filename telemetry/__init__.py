@@ -116,7 +116,8 @@ class SlotSample:
 
     ``state`` is ``"idle"``, ``"prefilling"`` or ``"generating"``; ``request_id``,
     ``prompt_tokens`` and ``generated_tokens`` describe the request it serves (None and 0
-    when idle); ``kv_tokens`` is how many KV cells the slot's sequence holds.
+    when idle); ``kv_tokens`` is how many positions the slot's sequence holds (a cell it
+    shares with other slots counts for each of them; ``kv_cells_used`` counts it once).
     """
 
     seq_id: int

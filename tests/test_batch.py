@@ -1,4 +1,4 @@
-"""Plan checking, batch layout and prefix-cache slot choice, with hand-made slots."""
+"""Plan checking and batch layout, with hand-made slots."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from actors.contract._errors import StrategyError
 from actors.contract._messages import Generate, SamplingParams
 from actors.engine._batch import BatchArrays, check_plan, lay_out
-from actors.engine._slots import Request, Slot, choose_slot, common_prefix_len
+from actors.engine._slots import Request, Slot, common_prefix_len
 from strategies import BatchPlan, SlotPlan, SlotState
 
 
@@ -79,26 +79,3 @@ def test_common_prefix_len() -> None:
     long = list(range(1000))
     assert common_prefix_len(long, [*long[:777], -5]) == 777
     assert common_prefix_len(long, long) == 1000
-
-
-def idle(seq_id: int, cached: list[int], t_last_used: float) -> Slot:
-    return Slot(seq_id, cached=list(cached), t_last_used=t_last_used)
-
-
-def test_choose_slot_prefers_the_longest_cached_prefix_and_keeps_the_last_token() -> None:
-    prompt = list(range(50))
-    slots = [idle(0, [], 0), idle(1, list(range(20)), 5), idle(2, list(range(60)), 1)]
-    slot, reuse = choose_slot(slots, prompt, cache_prompt=True)
-    assert slot.seq_id == 2 and reuse == 49  # never the whole prompt: its last token is decoded
-
-
-def test_choose_slot_ignores_a_prefix_under_ten_percent() -> None:
-    prompt = list(range(100))
-    slots = [idle(0, list(range(10)), 0), idle(1, [], 5)]
-    assert choose_slot(slots, prompt, cache_prompt=True) == (slots[1], 0)
-
-
-def test_choose_slot_falls_back_to_least_recently_used() -> None:
-    slots = [idle(0, [7], 3.0), idle(1, [8], 1.0), idle(2, [9], 2.0)]
-    assert choose_slot(slots, [1, 2, 3], cache_prompt=True) == (slots[1], 0)
-    assert choose_slot([idle(0, [1, 2, 3], 0)], [1, 2, 3], cache_prompt=False)[1] == 0

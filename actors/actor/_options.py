@@ -278,6 +278,7 @@ class StartOptions:
     chunk_size: int
     max_queue: int
     cache_prompt: bool
+    prefix_sharing: bool
     batch_strategy: BatchStrategy
     defaults: SamplingParams
     n_ctx_per_slot: int | None
@@ -311,6 +312,7 @@ class StartOptions:
             chunk_size=self.chunk_size,
             max_queue=self.max_queue,
             cache_prompt=self.cache_prompt,
+            prefix_sharing=self.prefix_sharing,
             batch_strategy=self.batch_strategy,
             defaults=self.defaults,
             n_ctx_per_slot=self.n_ctx_per_slot,
@@ -329,6 +331,7 @@ def check_options(
     chunk_size: object = 512,
     max_queue: object = 64,
     cache_prompt: object = True,
+    prefix_sharing: object = True,
     batch_strategy: object = None,
     n_threads: object = None,
     temp: object = 0.8,
@@ -441,6 +444,7 @@ def check_options(
         chunk_size=_int("chunk_size", chunk_size, 1, None),
         max_queue=_int("max_queue", max_queue, 0, None),
         cache_prompt=_flag("cache_prompt", cache_prompt),
+        prefix_sharing=_flag("prefix_sharing", prefix_sharing),
         batch_strategy=batch_strategy,
         defaults=_sampling(sampling),
         n_ctx_per_slot=n_ctx_per_slot,

@@ -549,6 +549,11 @@ class LlamaBackend:
         """Drop the KV of ``seq_id`` from position ``keep`` on; False if refused."""
         return bool(_lc.llama_memory_seq_rm(self._memory, seq_id, keep, -1))
 
+    def seq_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Tag ``src``'s cells at positions ``[p0, p1)`` with ``dst`` too (unified KV: no
+        new cells, no compute). ``dst`` must hold no position in that range."""
+        _lc.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
+
     def seq_clear(self, seq_id: int) -> None:
         """Drop all KV of ``seq_id``."""
         _lc.llama_memory_seq_rm(self._memory, seq_id, -1, -1)

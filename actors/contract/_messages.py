@@ -154,6 +154,7 @@ class _RequestMessage:
     logprobs: int | None = None
     cache_scope: str | None = None
     session: str | None = None
+    cache_prompt: bool = True
     truncate: bool = False
     n_keep: int = 0
     deadline_s: float | None = None
@@ -195,6 +196,7 @@ class _RequestMessage:
             self._set("stop", stops)
         _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens must be an int >= 0")
         _require(isinstance(self.ignore_eos, bool), "ignore_eos must be a bool")
+        _require(isinstance(self.cache_prompt, bool), "cache_prompt must be a bool")
         for name in ("cache_scope", "session"):
             value = getattr(self, name)
             if value is not None:

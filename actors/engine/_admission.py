@@ -153,6 +153,10 @@ class Admission(ForwardPass):
         busy = [slot for slot in self.slots if slot.request is not None]
         if not busy:
             return True
-        # A prefilling slot will soon hold its whole context.
-        used = sum(max(len(slot.cached), len(slot.request.context)) for slot in busy if slot.request)
-        return used + len(busy) + len(request.context) <= self.backend.n_ctx
+        memory = self.memory
+        held = memory.cells.used - memory.idle_cells(self.slots)  # a shared cell counts once
+        # A prefilling slot will soon hold its whole context; the new request shares
+        # what busy slots hold of its prompt.
+        coming = sum(max(0, len(slot.request.context) - len(slot.cached)) for slot in busy if slot.request)
+        need = len(request.context) - memory.reusable(request, self.slots)
+        return held + coming + len(busy) + need <= self.backend.n_ctx

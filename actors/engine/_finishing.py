@@ -54,7 +54,8 @@ class Finishing(EngineState):
         the time the caller does."""
         request = slot.release()
         assert request is not None
-        if slot.shifted:  # its positions were rewritten: no later prompt may reuse it
+        # Positions rewritten by a shift, or a request that keeps nothing for reuse.
+        if slot.shifted or not request.message.cache_prompt:
             self.memory.drop(slot)
         completion = self._close(request, stop_reason)
         self._emit_done(request, stop_reason)

@@ -75,9 +75,9 @@ class ForwardPass(Sampling):
         for segment in segments:
             slot = segment.slot
             if segment.decode:
-                slot.cached.append(slot.pending)
+                self.memory.computed(slot, [slot.pending])
             else:
-                slot.cached.extend(tokens[segment.start : segment.end].tolist())
+                self.memory.computed(slot, tokens[segment.start : segment.end].tolist())
             if segment.logits_row >= 0:
                 try:
                     self._sample(slot, segment.logits_row - start)
@@ -108,8 +108,11 @@ class ForwardPass(Sampling):
             if not others:
                 self._fail(stuck, DecodeError("context_full: the request cannot fit the KV cache even alone"))
                 return
-            # vLLM's answer: free the most recently admitted request and recompute it later.
-            victim = max([stuck, *others], key=lambda s: s.request.arrival if s.request else -1)
+            # vLLM's answer: free the most recently admitted request and recompute it later;
+            # one whose cells are all shared would free none.
+            cells = self.memory.cells
+            freeing = [s for s in (stuck, *others) if cells.private(s.seq_id) > 0] or [stuck, *others]
+            victim = max(freeing, key=lambda s: s.request.arrival if s.request else -1)
             self._preempt(victim)
             if victim is not stuck:
                 self._forward(live, purge_allowed=False)

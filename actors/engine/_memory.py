@@ -1,26 +1,42 @@
-"""The KV cache as a resource: which slot a prompt takes, and the RAM prompt cache.
+"""The KV cache as a resource: which slot a prompt takes, whose cells it shares, and the
+RAM prompt cache.
 
-Runs in the engine thread. A slot's KV is worth keeping after its request ends (the
-next turn of a conversation starts with it); when a slot is about to be overwritten,
-its KV can be saved to host memory under a byte budget and restored into any slot
-when a later prompt of the same cache scope starts with it. KV is never reused across
-cache scopes, in slots or in RAM: a KV blob is another caller's data.
+Runs in the engine thread. One :class:`~actors.engine._prefix.PrefixIndex` holds every
+reusable prefix: each slot's (idle, prefilling or generating: what it has computed so
+far) and each RAM entry's. A new prompt takes the longest one of its cache scope: its
+own slot's cells as they are, another slot's by ``llama_memory_seq_cp`` (unified KV: a
+metadata copy, no compute, no new cells), a RAM entry's by restoring it. A
+:class:`~actors.engine._cells.CellLedger` mirrors which cells each sequence holds, so
+a cell shared by several slots is counted once and freeing one sharer frees only
+what no other holds. A context shift moves cells for every holder, so a slot makes
+its shared cells its own first (save, clear, restore).
+
+KV is never reused across cache scopes, in slots or in RAM: a KV blob is another
+caller's data; nor is a request's with ``cache_prompt=False``, which reuses nothing.
+
+Every change to a slot's ``cached`` goes through this class, which keeps the slot,
+the llama.cpp sequence, the ledger and the index in step.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.backend._llama import LlamaBackend
-from actors.engine._slots import Request, Slot, choose_slot, common_prefix_len
+from actors.engine._cells import CellLedger
+from actors.engine._prefix import PrefixIndex, PrefixMatch
+from actors.engine._slots import Request, Slot
 
 __all__ = ["KVMemory", "RamCache", "RamEntry"]
 
 # Shorter sequences are cheaper to recompute than to save and restore.
 MIN_SAVED_TOKENS = 32
+# Without sharing, a slot's own prefix is worth taking it when it covers this share of the prompt.
+_MIN_SHARE = 0.10
 
 
 @dataclass(slots=True, eq=False)
@@ -31,53 +47,53 @@ class RamEntry:
     tokens: list[int]
     state: bytes
     t_last_used: float = field(default_factory=time.monotonic)
+    key: Hashable = None
 
 
 class RamCache:
-    """Saved KV states under a byte budget, least recently used evicted first."""
+    """Saved KV states under a byte budget, least recently used evicted first; their
+    prefixes are in the engine's :class:`PrefixIndex` under ``("ram", n)`` keys."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, index: PrefixIndex) -> None:
         self.budget_bytes = budget_bytes
-        self.entries: list[RamEntry] = []
+        self.entries: dict[Hashable, RamEntry] = {}
         self.bytes_used = 0
+        self._index = index
+        self._serial = itertools.count()
+
+    def _ram(self, matches: list[PrefixMatch]) -> list[tuple[RamEntry, int]]:
+        return [(self.entries[m.key], m.length) for m in matches if m.key in self.entries]
 
     def covers(self, scope: str | None, tokens: Sequence[int]) -> bool:
         """An entry of ``scope`` already holds ``tokens`` (or more after them)."""
-        return any(
-            e.scope == scope
-            and len(e.tokens) >= len(tokens)
-            and common_prefix_len(e.tokens, tokens) == len(tokens)
-            for e in self.entries
-        )
+        return any(n == len(tokens) for _, n in self._ram(self._index.matches(scope, tokens)))
 
     def add(self, entry: RamEntry) -> list[RamEntry]:
         """Store ``entry``, dropping entries it extends; returns the evicted ones."""
         if len(entry.state) > self.budget_bytes:
             return []
-        for old in [e for e in self.entries if e.scope == entry.scope]:
-            if common_prefix_len(old.tokens, entry.tokens) == len(old.tokens):
+        for old, n in self._ram(self._index.matches(entry.scope, entry.tokens)):
+            if n == len(old.tokens):
                 self._drop(old)  # the new entry holds all of it and more
         evicted = []
         while self.bytes_used + len(entry.state) > self.budget_bytes:
-            victim = min(self.entries, key=lambda e: e.t_last_used)
+            victim = min(self.entries.values(), key=lambda e: e.t_last_used)
             self._drop(victim)
             evicted.append(victim)
-        self.entries.append(entry)
+        entry.key = ("ram", next(self._serial))
+        self.entries[entry.key] = entry
+        self._index.put(entry.key, entry.scope, entry.tokens)
         self.bytes_used += len(entry.state)
         return evicted
 
     def best(self, scope: str | None, prompt: Sequence[int]) -> tuple[RamEntry | None, int]:
         """The entry of ``scope`` sharing the longest prefix with ``prompt``."""
-        best, best_len = None, 0
-        for entry in self.entries:
-            if entry.scope == scope:
-                n = common_prefix_len(entry.tokens, prompt)
-                if n > best_len:
-                    best, best_len = entry, n
-        return best, best_len
+        found = self._ram(self._index.matches(scope, prompt))
+        return found[0] if found else (None, 0)
 
     def _drop(self, entry: RamEntry) -> None:
-        self.entries.remove(entry)
+        del self.entries[entry.key]
+        self._index.remove(entry.key)
         self.bytes_used -= len(entry.state)
 
 
@@ -85,25 +101,98 @@ Emit = Callable[[str, dict[str, Any], dict[str, Any]], None]
 
 
 class KVMemory:
-    """Slot choice with prefix reuse, RAM save/restore, and purging idle caches.
+    """Slot choice, prefix sharing, RAM save/restore, and the cells each slot holds.
 
     Args:
         backend: the model's context (its memory API).
         cache_prompt: reuse cached prefixes at all.
         ram_budget_bytes: the RAM prompt cache's budget; 0 turns it off.
         emit: ``emit(signal_name, measurements, metadata)`` for ``ram_cache`` events.
+        share: take a prefix from another slot's cells (``seq_cp``); off, a slot reuses
+            only its own cells and the RAM cache (the engine before prefix sharing).
     """
 
-    def __init__(self, backend: LlamaBackend, cache_prompt: bool, ram_budget_bytes: int, emit: Emit) -> None:
+    def __init__(
+        self, backend: LlamaBackend, cache_prompt: bool, ram_budget_bytes: int, emit: Emit, share: bool = True
+    ) -> None:
         self.backend = backend
         self.cache_prompt = cache_prompt
-        self.ram = RamCache(ram_budget_bytes) if cache_prompt and ram_budget_bytes > 0 else None
+        self.share = share
+        self.index = PrefixIndex()
+        self.cells = CellLedger()
+        self.ram = RamCache(ram_budget_bytes, self.index) if cache_prompt and ram_budget_bytes > 0 else None
         self._emit = emit
+
+    # -- the one place a slot's cached tokens change ------------------------------
+
+    def computed(self, slot: Slot, tokens: list[int]) -> None:
+        """``llama_decode`` wrote ``tokens`` at the end of the slot's sequence."""
+        slot.cached.extend(tokens)
+        self.cells.compute(slot.seq_id, len(tokens))
+        if slot.seq_id in self.index and not slot.shifted:
+            self.index.extend(slot.seq_id, tokens)
+
+    def _trim(self, slot: Slot, keep: int) -> int:
+        """Keep the first ``keep`` tokens (the rest saved to RAM when worth it); how many it kept."""
+        if keep >= len(slot.cached):
+            return len(slot.cached)
+        self.save(slot)
+        if keep == 0 or not self.backend.seq_trim(slot.seq_id, keep):
+            self.drop(slot)
+            return 0
+        self.cells.trim(slot.seq_id, keep)
+        if slot.seq_id in self.index:
+            self.index.truncate(slot.seq_id, keep)
+        del slot.cached[keep:]
+        return keep
+
+    def drop(self, slot: Slot) -> None:
+        """Drop a slot's KV without saving it (half written, shifted or private)."""
+        self.backend.seq_clear(slot.seq_id)
+        self.cells.clear(slot.seq_id)
+        self.index.remove(slot.seq_id)
+        slot.cached.clear()
+
+    def shift(self, slot: Slot, n_keep: int, n_discard: int) -> bool:
+        """Context shift: drop ``[n_keep, n_keep + n_discard)``, move the rest back.
+
+        Cells past the dropped ones that other slots share are made the slot's own first
+        (``seq_add`` would move them for every holder); False, with nothing changed, when
+        the KV has no room for that copy.
+        """
+        seq, n_past = slot.seq_id, len(slot.cached)
+        if self.cells.shared(seq, n_keep + n_discard, n_past) and not self._own(slot):
+            return False
+        self.backend.seq_shift(seq, n_keep, n_discard, n_past)
+        self.cells.shift(seq, n_keep, n_discard)
+        del slot.cached[n_keep : n_keep + n_discard]
+        if seq in self.index:  # later positions no longer match a fresh prefill
+            self.index.truncate(seq, n_keep)
+        slot.shifted = True
+        return True
+
+    def _own(self, slot: Slot) -> bool:
+        """Give the slot private copies of all its cells (save, clear, restore)."""
+        seq, n = slot.seq_id, len(slot.cached)
+        if self.backend.n_ctx - (self.cells.used - self.cells.private(seq)) < n:
+            return False
+        state = self.backend.seq_save(seq)
+        self.backend.seq_clear(seq)
+        self.cells.clear(seq)
+        if self.backend.seq_restore(seq, state):
+            self.cells.compute(seq, n)
+            return True
+        self.backend.seq_clear(seq)  # whatever a failed load left
+        self.index.remove(seq)
+        slot.cached.clear()
+        return False
+
+    # -- choosing a slot and what it reuses ----------------------------------------
 
     def claim(
         self, request: Request, idle: list[Slot], make_room: Callable[[], bool] | None = None
     ) -> tuple[Slot, int]:
-        """Pick a slot for ``request`` and load the longest reusable prefix into it.
+        """Pick a slot for ``request`` and give it the longest reusable prefix there is.
 
         ``make_room()`` frees KV cells (the idle caches) when a RAM entry does not fit
         and says whether it freed any: admission counts idle caches as free, but llama.cpp
@@ -111,40 +200,101 @@ class KVMemory:
 
         Returns the slot and how many of ``request.context``'s tokens it already holds.
         """
-        prompt = request.context
-        slot, n_reuse = choose_slot(idle, prompt, self.cache_prompt, request.scope, request.session)
-        if self.ram is not None:
-            entry, n_ram = self.ram.best(request.scope, prompt)
-            n_ram = min(n_ram, len(prompt) - 1)
-            if entry is not None and n_ram > n_reuse and n_ram >= MIN_SAVED_TOKENS:
-                self.save(slot)
-                self.backend.seq_clear(slot.seq_id)
-                slot.cached = []  # true from here: make_room() must not save it again
-                restored = self.backend.seq_restore(slot.seq_id, entry.state)
-                if not restored and make_room is not None and make_room():
-                    restored = self.backend.seq_restore(slot.seq_id, entry.state)
-                if restored:
-                    slot.cached = list(entry.tokens)
-                    entry.t_last_used = time.monotonic()
-                    n_reuse = n_ram
-                    self._ram_event("restore", entry)
-                else:
-                    self.backend.seq_clear(slot.seq_id)  # whatever a failed load left
-                    n_reuse = 0
-        if n_reuse < len(slot.cached):
-            self.save(slot)
-            if n_reuse == 0 or not self.backend.seq_trim(slot.seq_id, n_reuse):
-                self.backend.seq_clear(slot.seq_id)
-                n_reuse = 0
-            del slot.cached[n_reuse:]
-        slot.scope, slot.session, slot.shifted = request.scope, request.session, False
+        prompt, scope = request.context, request.scope
+        reuse = self.cache_prompt and request.message.cache_prompt
+        found = self.index.matches(scope, prompt) if reuse else []
+        slot = self._target(idle, found, request, reuse)
+        # At most len(prompt) - 1: the last prompt token is decoded for its logits.
+        cap = len(prompt) - 1
+        lengths = {m.key: min(m.length, cap) for m in found}
+        own = lengths.get(slot.seq_id, 0)
+        donor = next((m.key for m in found if isinstance(m.key, int) and m.key != slot.seq_id), None)
+        n_donor = lengths[donor] if donor is not None and self.share else 0
+        entry, n_ram = self.ram.best(scope, prompt) if self.ram is not None and reuse else (None, 0)
+        n_ram = min(n_ram, cap)
+        if entry is not None and n_ram > max(own, n_donor) and n_ram >= MIN_SAVED_TOKENS:
+            n_reuse = self._restore(slot, entry, n_ram, make_room)
+        elif donor is not None and n_donor > own:
+            own = self._trim(slot, own)
+            self.backend.seq_copy(donor, slot.seq_id, own, n_donor)
+            self.cells.copy(donor, slot.seq_id, n_donor)
+            slot.cached[own:] = prompt[own:n_donor]
+            n_reuse = n_donor
+        else:
+            n_reuse = self._trim(slot, own)
+        slot.scope, slot.session, slot.shifted = scope, request.session, False
+        if reuse:
+            self.index.put(slot.seq_id, scope, slot.cached)
+        else:
+            self.index.remove(slot.seq_id)
         return slot, n_reuse
 
+    def _target(self, idle: list[Slot], found: list[PrefixMatch], request: Request, reuse: bool) -> Slot:
+        """The idle slot the request takes.
+
+        The slot of its ``(scope, session)``; else the idle slot whose whole cache the
+        prompt starts with (a conversation's next turn), longest first; without sharing,
+        the idle slot sharing the longest prefix (over 10% of the prompt); else an empty
+        slot; else the least recently used. With sharing, a slot whose cache goes on
+        past the prompt is left as it is: its prefix is copied instead.
+        """
+        if reuse:
+            by_seq = {slot.seq_id: slot for slot in idle if slot.scope == request.scope and slot.cached}
+            if request.session is not None:
+                for slot in by_seq.values():
+                    if slot.session == request.session:
+                        return slot
+            for m in found:
+                mine = by_seq.get(m.key) if isinstance(m.key, int) else None
+                if mine is None:
+                    continue
+                whole = m.length == len(mine.cached)
+                if whole if self.share else m.length > _MIN_SHARE * len(request.context):
+                    return mine
+        empty = [slot for slot in idle if not slot.cached]
+        if empty:
+            return empty[0]
+        slot = min(idle, key=lambda s: s.t_last_used)
+        self.save(slot)
+        return slot
+
+    def _restore(self, slot: Slot, entry: RamEntry, n: int, make_room: Callable[[], bool] | None) -> int:
+        self.save(slot)
+        self.drop(slot)  # true from here: make_room() must not save it again
+        slot.scope = entry.scope  # what it holds from here on, before anything saves it
+        restored = self.backend.seq_restore(slot.seq_id, entry.state)
+        if not restored and make_room is not None and make_room():
+            restored = self.backend.seq_restore(slot.seq_id, entry.state)
+        if not restored:
+            self.backend.seq_clear(slot.seq_id)  # whatever a failed load left
+            return 0
+        slot.cached = list(entry.tokens)
+        self.cells.compute(slot.seq_id, len(entry.tokens))
+        self.index.put(slot.seq_id, entry.scope, slot.cached)
+        entry.t_last_used = time.monotonic()
+        self._ram_event("restore", entry)
+        return self._trim(slot, n)
+
+    def reusable(self, request: Request, slots: Sequence[Slot]) -> int:
+        """How many of ``request``'s tokens busy ``slots`` hold already (shared, not new cells)."""
+        if not (self.share and self.cache_prompt and request.message.cache_prompt):
+            return 0
+        busy = {slot.seq_id for slot in slots if slot.request is not None}
+        found = self.index.matches(request.scope, request.context)
+        return next((min(m.length, len(request.context) - 1) for m in found if m.key in busy), 0)
+
+    def idle_cells(self, slots: Sequence[Slot]) -> int:
+        """Cells that dropping every idle slot's cache would free."""
+        return sum(self.cells.private(slot.seq_id) for slot in slots if slot.request is None)
+
+    # -- saving to RAM and dropping ------------------------------------------------
+
     def save(self, slot: Slot) -> None:
-        """Save an idle slot's KV to RAM before it is overwritten, when worth it."""
+        """Save a slot's KV to RAM before it is overwritten, when worth it."""
         if (
             self.ram is None
             or slot.shifted
+            or slot.seq_id not in self.index  # a private request's
             or len(slot.cached) < MIN_SAVED_TOKENS
             or self.ram.covers(slot.scope, slot.cached)
         ):
@@ -152,18 +302,13 @@ class KVMemory:
         entry = RamEntry(slot.scope, list(slot.cached), self.backend.seq_save(slot.seq_id))
         for evicted in self.ram.add(entry):
             self._ram_event("evict", evicted)
-        if entry in self.ram.entries:
+        if entry.key in self.ram.entries:
             self._ram_event("save", entry)
 
     def forget(self, slot: Slot) -> None:
         """Drop a slot's KV, saving it first if it is worth keeping."""
         self.save(slot)
         self.drop(slot)
-
-    def drop(self, slot: Slot) -> None:
-        """Drop a slot's KV without saving it (half written, or shifted)."""
-        self.backend.seq_clear(slot.seq_id)
-        slot.cached.clear()
 
     def purge_idle(self, slots: Sequence[Slot]) -> int:
         """Free every idle slot's cached KV (KV pressure); returns how many were purged."""

@@ -114,10 +114,9 @@ class Sampling(Finishing):
         request = slot.request
         assert request is not None
         n_past = len(slot.cached)
-        n_keep = min(request.message.n_keep, n_past - 2)
+        n_keep = max(0, min(request.message.n_keep, n_past - 2))
         n_discard = (n_past - n_keep) // 2
-        self.backend.seq_shift(slot.seq_id, n_keep, n_discard, n_past)
-        del slot.cached[n_keep : n_keep + n_discard]
-        slot.shifted = True
+        if n_discard < 1 or not self.memory.shift(slot, n_keep, n_discard):  # a slot of 1 or 2 positions
+            return False
         self._kv_event("context_shift", {"discarded_tokens": n_discard}, request)
         return True

@@ -1,4 +1,4 @@
-"""Request and slot state, and the prefix-cache slot choice (no llama.cpp here).
+"""Request and slot state (no llama.cpp here).
 
 Everything here is owned by the engine's actor thread. A slot keeps, in ``cached``, the
 tokens whose KV sits in its sequence, in position order; a request catches its slot up
@@ -22,10 +22,7 @@ from actors.contract._results import TokenLogprob
 from actors.engine._output import TextStream
 from strategies import SlotState, SlotView
 
-__all__ = ["Request", "Slot", "choose_slot", "common_prefix_len"]
-
-# A cached prefix is only worth its slot when it covers this share of the new prompt.
-_MIN_PREFIX_SHARE = 0.10
+__all__ = ["Request", "Slot", "common_prefix_len"]
 
 
 @dataclass(slots=True, eq=False)
@@ -134,38 +131,3 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
         return n
     diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
     return int(diff[0]) if diff.size else n
-
-
-def choose_slot(
-    idle: Sequence[Slot],
-    prompt: Sequence[int],
-    cache_prompt: bool,
-    scope: str | None = None,
-    session: str | None = None,
-) -> tuple[Slot, int]:
-    """Pick the idle slot for a new prompt and how many cached tokens it can reuse.
-
-    The slot that last served the same ``(scope, session)``; else the slot of the same
-    scope whose cache shares the longest prefix with the prompt (when that covers over
-    10% of it); else an empty slot; else the least recently used one. A cache of another
-    scope is never reused. At most ``len(prompt) - 1`` tokens are reused so the last
-    prompt token is always decoded: its logits give the first generated token.
-    """
-    assert idle, "choose_slot needs at least one idle slot"
-    if cache_prompt:
-        mine = [slot for slot in idle if slot.scope == scope and slot.cached]
-        if session is not None:
-            for slot in mine:
-                if slot.session == session:
-                    return slot, min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
-        best, best_len = None, -1
-        for slot in mine:
-            n = common_prefix_len(slot.cached, prompt)
-            if n > best_len:
-                best, best_len = slot, n
-        if best is not None and best_len > _MIN_PREFIX_SHARE * len(prompt):
-            return best, min(best_len, len(prompt) - 1)
-    empty = [slot for slot in idle if not slot.cached]
-    if empty:
-        return empty[0], 0
-    return min(idle, key=lambda slot: slot.t_last_used), 0

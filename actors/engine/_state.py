@@ -26,7 +26,7 @@ class EngineConfig:
 
     __slots__ = (
         "batch_strategy", "cache_prompt", "chunk_size", "context_shift", "defaults", "max_queue",
-        "n_ctx_per_slot", "name", "ram_budget_bytes",
+        "n_ctx_per_slot", "name", "prefix_sharing", "ram_budget_bytes",
     )  # fmt: skip
 
     def __init__(
@@ -41,8 +41,10 @@ class EngineConfig:
         context_shift: bool = True,
         ram_budget_bytes: int = 0,
         name: str | None = None,
+        prefix_sharing: bool = True,
     ) -> None:
         self.name = name
+        self.prefix_sharing = prefix_sharing
         self.chunk_size = chunk_size
         self.max_queue = max_queue
         self.cache_prompt = cache_prompt
@@ -81,7 +83,9 @@ class EngineState:
         self.n_ctx_slot = config.n_ctx_per_slot or min(
             backend.n_ctx // len(self.slots), backend.n_ctx_train or backend.n_ctx
         )
-        self.memory = KVMemory(backend, config.cache_prompt, config.ram_budget_bytes, self._emit)
+        self.memory = KVMemory(
+            backend, config.cache_prompt, config.ram_budget_bytes, self._emit, config.prefix_sharing
+        )
 
     @property
     def has_work(self) -> bool:
@@ -91,7 +95,7 @@ class EngineState:
     def _kv_use(self) -> dict[str, int]:
         """KV cells holding tokens and KV cells in all, as GetStats and the signals say."""
         return {
-            "kv_cells_used": sum(len(slot.cached) for slot in self.slots),
+            "kv_cells_used": self.memory.cells.used,
             "kv_cells_total": self.backend.n_ctx,
         }
 

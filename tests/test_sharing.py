@@ -1,0 +1,184 @@
+"""Cross-slot prefix sharing on the real model: a prefix another slot holds is copied
+(``seq_cp``), never computed again; shared cells are counted once; and a sharer that
+ends, is cancelled, shifts or is preempted never changes another sharer's output.
+
+Greedy outputs are compared with an engine that shares nothing, by the near-tie rule
+of test_greedy.py (``helpers.same_greedy``).
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+import pytest
+from helpers import NO_EOG, Recorder, same_greedy, wait_until
+
+from actors import Cancel, Completion, Done, Generate, GetStats, GetTokenizer, InvalidRequest, Stream, Token
+
+StartServer = Callable[..., pykka.ActorRef[Any]]
+
+SYSTEM = "You are a careful assistant who answers in full sentences and checks each fact twice. " * 12
+QUESTIONS = ["What is the capital of France?", "Name three colors.", "Why is the sky blue?", "Count to five."]
+
+
+def prompt(i: int) -> str:
+    return f"{SYSTEM}\nQuestion {i}: {QUESTIONS[i % len(QUESTIONS)]}\nAnswer:"
+
+
+def shared_tokens(ref: pykka.ActorRef[Any], a: str, b: str) -> int:
+    tokenizer = ref.ask(GetTokenizer())
+    ta, tb = tokenizer.tokenize(a), tokenizer.tokenize(b)
+    return next((i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), min(len(ta), len(tb)))
+
+
+def references(
+    start_server: StartServer, prompts: list[str], max_tokens: int, **options: Any
+) -> list[Completion]:
+    """Each prompt alone, greedy with margins, on an engine that shares nothing."""
+    alone = start_server(n_parallel=1, cache_prompt=False, prefix_sharing=False, **options)
+    done = [
+        alone.ask(Generate(p, max_tokens=max_tokens, temp=0, logprobs=2, logit_bias=NO_EOG)).get(timeout=240)
+        for p in prompts
+    ]
+    alone.stop()
+    return done
+
+
+def first_token(ref: pykka.ActorRef[Any], text: str, max_tokens: int) -> tuple[str, queue.Queue[Any]]:
+    """Start a stream and wait for its first token (its slot is busy from here)."""
+    events: queue.Queue[Any] = queue.Queue()
+    message = Stream(text, reply_to=events, max_tokens=max_tokens, temp=0, logit_bias=NO_EOG)
+    ref.tell(message)
+    assert isinstance(events.get(timeout=120), Token)
+    return message.request_id, events
+
+
+def finish(events: queue.Queue[Any]) -> Completion:
+    while True:
+        event = events.get(timeout=240)
+        if isinstance(event, Done):
+            return event.completion
+        assert isinstance(event, Token), event
+
+
+def test_a_prefix_another_slot_holds_is_copied_and_its_cells_counted_once(start_server: StartServer) -> None:
+    recorder = Recorder()
+    ref = start_server(n_parallel=4, n_ctx=4096)
+    a = ref.ask(Generate(prompt(0), max_tokens=8, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    shared = shared_tokens(ref, prompt(0), prompt(1))
+    assert shared > 150
+    b = ref.ask(Generate(prompt(1), max_tokens=8, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    assert b.prefix_cache_tokens == shared
+    # Only the prompt past the shared prefix was computed for b.
+    b_ticks = [m for m, md in recorder.of("tick") if m["prefill_tokens"]][1:]
+    assert sum(m["prefill_tokens"] for m in b_ticks) == b.prompt_tokens - shared
+    # a's slot kept its whole cache (b took another slot); the shared cells count once.
+    stats = ref.ask(GetStats())
+    held = sorted(s.kv_tokens for s in stats["slots"] if s.kv_tokens)
+    assert held == sorted([a.prompt_tokens + 7, b.prompt_tokens + 7])
+    assert stats["kv_cells_used"] == sum(held) - shared
+
+
+def test_sharing_from_busy_slots_gives_the_output_of_sharing_nothing(start_server: StartServer) -> None:
+    prompts = [prompt(i) for i in range(4)]
+    expected = references(start_server, prompts, 24)
+    recorder = Recorder()
+    ref = start_server(n_parallel=4, n_ctx=4096)
+    _, events = first_token(ref, prompts[0], 24)  # generating: a donor while it runs
+    futures = [ref.ask(Generate(p, max_tokens=24, temp=0, logit_bias=NO_EOG)) for p in prompts[1:]]
+    got = [finish(events)] + [f.get(timeout=240) for f in futures]
+    shared = shared_tokens(ref, prompts[0], prompts[1])
+    assert all(c.prefix_cache_tokens >= shared for c in got[1:])
+    matched = [same_greedy(e, c.token_ids) for e, c in zip(expected, got, strict=True)]
+    assert sum(matched) >= 4 * 24 // 2
+    # While all four ran, the shared prefix was held once, not four times.
+    saved = [sum(s.kv_tokens for s in md["slots"]) - m["kv_cells_used"] for m, md in recorder.of("tick")]
+    assert max(saved) >= 3 * shared
+
+
+@pytest.mark.parametrize("which", ["donor", "sharer"])
+def test_cancelling_one_sharer_leaves_the_other_intact(start_server: StartServer, which: str) -> None:
+    expected = references(start_server, [prompt(0), prompt(1)], 48)
+    ref = start_server(n_parallel=2, n_ctx=4096)
+    donor_id, donor_events = first_token(ref, prompt(0), 48)
+    sharer_id, sharer_events = first_token(ref, prompt(1), 48)
+    cancelled, survivor, events = (
+        (donor_id, 1, sharer_events) if which == "donor" else (sharer_id, 0, donor_events)
+    )
+    ref.tell(Cancel(cancelled))
+    got = finish(events)
+    assert got.generated_tokens == 48
+    assert same_greedy(expected[survivor], got.token_ids) >= 24
+    wait_until(lambda: ref.ask(GetStats())["active_slots"] == 0)
+
+
+def test_a_sharer_that_shifts_leaves_the_donor_intact(start_server: StartServer) -> None:
+    # Slots of 384 positions: each shifts (n_keep 0, half dropped) with the shared
+    # prefix partly in the moved half, so it copies its cells out first.
+    options = {"n_ctx_per_slot": 384, "n_ctx": 2048}
+    max_tokens = 220
+    expected = references(start_server, [prompt(0), prompt(1)], max_tokens, **options)
+    recorder = Recorder()
+    ref = start_server(n_parallel=2, **options)
+    _, donor_events = first_token(ref, prompt(0), max_tokens)
+    sharer = ref.ask(Generate(prompt(1), max_tokens=max_tokens, temp=0, logit_bias=NO_EOG))
+    got = [finish(donor_events), sharer.get(timeout=240)]
+    assert got[1].prefix_cache_tokens >= shared_tokens(ref, prompt(0), prompt(1))
+    assert [md["event"] for _, md in recorder.of("kv_pressure")].count("context_shift") >= 2
+    for e, c in zip(expected, got, strict=True):
+        assert c.generated_tokens == max_tokens
+        assert same_greedy(e, c.token_ids) >= 100
+
+
+def test_preempting_sharers_under_kv_pressure_keeps_every_output(start_server: StartServer) -> None:
+    prompts = [prompt(i) for i in range(4)]
+    expected = references(start_server, prompts, 160, n_ctx=2048)
+    recorder = Recorder()
+    # Four slots of up to 512 positions, 768 cells: even sharing the prefix, they cannot all fit.
+    tight = start_server(n_parallel=4, n_ctx=768, n_ctx_per_slot=512)
+    futures = [tight.ask(Generate(p, max_tokens=160, temp=0, logit_bias=NO_EOG)) for p in prompts]
+    got = [f.get(timeout=300) for f in futures]
+    assert "preempt" in [md["event"] for _, md in recorder.of("kv_pressure")]
+    assert all(c.generated_tokens == 160 for c in got)
+    assert sum(same_greedy(e, c.token_ids) for e, c in zip(expected, got, strict=True)) >= 4 * 160 // 2
+
+
+def test_no_prefix_is_shared_across_cache_scopes(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=4, n_ctx=4096)
+    _, events = first_token(ref, prompt(0), 40)  # scope None, generating
+    other = ref.ask(Generate(prompt(1), max_tokens=4, cache_scope="tenant-b")).get(timeout=120)
+    assert other.prefix_cache_tokens == 0
+    same = ref.ask(Generate(prompt(1), max_tokens=4, cache_scope="tenant-b")).get(timeout=120)
+    assert same.prefix_cache_tokens > 0  # its own scope's cache is reused
+    finish(events)
+    assert (
+        ref.ask(Generate(prompt(2), max_tokens=4, cache_scope="tenant-c"))
+        .get(timeout=120)
+        .prefix_cache_tokens
+        == 0
+    )
+
+
+def test_cache_prompt_false_reuses_nothing_and_leaves_nothing(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=2, n_ctx=4096)
+    first = ref.ask(Generate(prompt(0), max_tokens=4)).get(timeout=120)
+    used = ref.ask(GetStats())["kv_cells_used"]
+    private = ref.ask(Generate(prompt(0), max_tokens=4, cache_prompt=False)).get(timeout=120)
+    assert private.prefix_cache_tokens == 0
+    # Its cells were freed when it ended, and the other slot's cache is untouched.
+    assert ref.ask(GetStats())["kv_cells_used"] == used
+    again = ref.ask(Generate(prompt(0), max_tokens=4)).get(timeout=120)
+    assert again.prefix_cache_tokens == first.prompt_tokens - 1
+    with pytest.raises(InvalidRequest, match="cache_prompt must be a bool"):
+        ref.ask(Generate("x", cache_prompt="no"))  # type: ignore[arg-type]
+
+
+def test_sharing_off_reuses_only_a_slots_own_cache(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=4, n_ctx=4096, prefix_sharing=False)
+    _, events = first_token(ref, prompt(0), 40)
+    other = ref.ask(Generate(prompt(1), max_tokens=4)).get(timeout=120)
+    assert other.prefix_cache_tokens == 0  # the prefix is in a busy slot: not taken
+    finish(events)
