@@ -182,3 +182,37 @@ def test_sharing_off_reuses_only_a_slots_own_cache(start_server: StartServer) ->
     other = ref.ask(Generate(prompt(1), max_tokens=4)).get(timeout=120)
     assert other.prefix_cache_tokens == 0  # the prefix is in a busy slot: not taken
     finish(events)
+
+
+def test_a_burst_on_one_prefix_computes_it_once(start_server: StartServer) -> None:
+    document = "Document: " + " ".join(f"Clause {i} binds party {i % 7} to rule {i % 11}." for i in range(60))
+    prompts = [f"{document}\nQuestion {i}: {QUESTIONS[i % 4]}\nAnswer:" for i in range(8)]
+    computed = {}
+    for sharing in (True, False):
+        recorder = Recorder()
+        ref = start_server(n_parallel=4, n_ctx=8192, prefix_sharing=sharing)
+        futures = [ref.ask(Generate(p, max_tokens=4, temp=0)) for p in prompts]  # all at once
+        got = [f.get(timeout=300) for f in futures]
+        computed[sharing] = sum(m["prefill_tokens"] for m, _ in recorder.of("tick"))
+        shared = shared_tokens(ref, prompts[0], prompts[1])
+        ref.stop()
+    assert shared > 500
+    unique = shared + sum(c.prompt_tokens - shared for c in got)
+    # The first request prefills the document; the others wait for it, then copy it.
+    assert computed[True] <= 1.1 * unique
+    assert computed[False] >= 4 * shared  # without sharing each slot computes it
+
+
+def test_a_freed_slot_takes_the_next_request_of_its_session_first(start_server: StartServer) -> None:
+    recorder = Recorder()
+    ref = start_server(n_parallel=1, n_ctx=2048)
+    first = ref.ask(Generate("Alice asks about apples.", max_tokens=24, session="alice", logit_bias=NO_EOG))
+    wait_until(lambda: ref.ask(GetStats())["active_slots"] == 1)
+    bob = ref.ask(Generate("Bob asks about boats.", max_tokens=2, session="bob"))
+    alice = ref.ask(Generate("Alice asks about apples. And pears?", max_tokens=2, session="alice"))
+    low = ref.ask(Generate("Alice, later.", max_tokens=2, session="alice", priority=5))
+    for f in (first, bob, alice, low):
+        f.get(timeout=120)
+    order = [md["request_id"] for _, md in recorder.of("start")]
+    ids = [f.get().request_id for f in (first, alice, bob, low)]
+    assert order == ids  # alice's second turn before bob (same priority), never before priority

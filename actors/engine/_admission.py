@@ -85,7 +85,7 @@ class Admission(ForwardPass):
         if message.deadline_s is not None:
             request.deadline = request.t_admitted + message.deadline_s
             self._n_deadlines += 1
-        if free and not self.waiting:
+        if free and not self.waiting and not self.memory.worth_waiting(request, self.slots):
             self._start(request, free)
         else:
             self._enqueue(request)
@@ -137,11 +137,36 @@ class Admission(ForwardPass):
             self._stop_request(request, "timeout")
 
     def _dequeue(self) -> None:
+        """Waiting requests enter idle slots while the KV cells have room (see ``_next``)."""
         while self.waiting:
             idle = [slot for slot in self.slots if slot.state is SlotState.IDLE]
-            if not idle or not self._kv_room_for(self.waiting[0]):
+            if not idle:
                 return
-            self._start(self.waiting.popleft(), idle)
+            request = self._next(idle)
+            if request is None or not self._kv_room_for(request):
+                return
+            self.waiting.remove(request)
+            self._start(request, idle)
+
+    def _next(self, idle: list[Slot]) -> Request | None:
+        """The waiting request to start: the first of the top priority, except that one of
+        a session an idle slot served goes first (LlamaCppEx's ``dequeue_session_matches``),
+        and one whose prefix a slot is prefilling now waits for it (``worth_waiting``)."""
+        sessions = {(slot.scope, slot.session) for slot in idle if slot.session is not None}
+        priority = self.waiting[0].message.priority
+        chosen = None
+        for request in self.waiting:
+            if request.message.priority != priority:
+                break
+            if self.memory.worth_waiting(request, self.slots):
+                continue
+            if request.session is not None and (request.scope, request.session) in sessions:
+                return request
+            if chosen is None:
+                chosen = request
+                if not sessions:
+                    break
+        return chosen
 
     def _kv_room_for(self, request: Request) -> bool:
         """Admit only what the KV cells can hold beside the running requests' next tokens.

@@ -30,6 +30,7 @@ from actors.backend._llama import LlamaBackend
 from actors.engine._cells import CellLedger
 from actors.engine._prefix import PrefixIndex, PrefixMatch
 from actors.engine._slots import Request, Slot
+from strategies import SlotState
 
 __all__ = ["KVMemory", "RamCache", "RamEntry"]
 
@@ -37,6 +38,10 @@ __all__ = ["KVMemory", "RamCache", "RamEntry"]
 MIN_SAVED_TOKENS = 32
 # Without sharing, a slot's own prefix is worth taking it when it covers this share of the prompt.
 _MIN_SHARE = 0.10
+# A request waits for a slot prefilling its prefix when that spares computing this many
+# tokens again. On a CPU a batch costs about its token count, so computing them twice in
+# parallel is never faster than waiting; under this, the tick or two of waiting costs more.
+MIN_WAIT_TOKENS = 64
 
 
 @dataclass(slots=True, eq=False)
@@ -119,6 +124,8 @@ class KVMemory:
         self.cache_prompt = cache_prompt
         self.share = share
         self.index = PrefixIndex()
+        # The prompts slots are prefilling now (what they will hold), for worth_waiting.
+        self.plans = PrefixIndex()
         self.cells = CellLedger()
         self.ram = RamCache(ram_budget_bytes, self.index) if cache_prompt and ram_budget_bytes > 0 else None
         self._emit = emit
@@ -225,8 +232,10 @@ class KVMemory:
         slot.scope, slot.session, slot.shifted = scope, request.session, False
         if reuse:
             self.index.put(slot.seq_id, scope, slot.cached)
+            self.plans.put(slot.seq_id, scope, prompt)
         else:
             self.index.remove(slot.seq_id)
+            self.plans.remove(slot.seq_id)
         return slot, n_reuse
 
     def _target(self, idle: list[Slot], found: list[PrefixMatch], request: Request, reuse: bool) -> Slot:
@@ -274,6 +283,27 @@ class KVMemory:
         entry.t_last_used = time.monotonic()
         self._ram_event("restore", entry)
         return self._trim(slot, n)
+
+    def worth_waiting(self, request: Request, slots: Sequence[Slot]) -> bool:
+        """Whether ``request`` should wait for a slot that is prefilling its prefix now.
+
+        True when that slot will hold at least ``MIN_WAIT_TOKENS`` more of the prompt
+        than any cache holds now: copying them once computed costs nothing.
+        """
+        if not (self.plans and self.share and self.cache_prompt and request.message.cache_prompt):
+            return False
+        prompt, cap = request.context, len(request.context) - 1
+        while True:
+            plan = self.plans.best(request.scope, prompt)
+            if plan is None:
+                return False
+            assert isinstance(plan.key, int)  # plans are keyed by seq_id only
+            donor = slots[plan.key]
+            if donor.state is SlotState.PREFILLING and donor.seq_id in self.index:
+                break
+            self.plans.remove(plan.key)  # its prefill is over: a cache now, or gone
+        held = self.index.best(request.scope, prompt)
+        return min(plan.length, cap) - max(held.length if held else 0, 0) >= MIN_WAIT_TOKENS
 
     def reusable(self, request: Request, slots: Sequence[Slot]) -> int:
         """How many of ``request``'s tokens busy ``slots`` hold already (shared, not new cells)."""
