@@ -227,6 +227,43 @@ def test_native_stream_and_stop_word(running: Running) -> None:
         assert events[-1]["stopping_word"] == " 7"
 
 
+def _sse(url: str, body: dict[str, Any]) -> list[Any]:
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+def test_return_progress_streams_llama_servers_prompt_progress(running: Running) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    asked = {"stream": True, "return_progress": True}
+    native = _sse(
+        running.url + "/completion", {"prompt": prompt, "n_predict": 2, **asked, "timings_per_token": True}
+    )
+    progress = [e for e in native if "prompt_progress" in e]
+    first_content = next(i for i, e in enumerate(native) if e.get("tokens"))
+    assert len(progress) >= 2 and native[: len(progress)] == progress and first_content == len(progress)
+    first, last = progress[0]["prompt_progress"], progress[-1]["prompt_progress"]
+    assert set(first) == {"total", "cache", "processed", "time_ms"}
+    assert first["cache"] == first["processed"] and first["total"] == last["total"] == last["processed"]
+    assert native[-1]["tokens_evaluated"] == last["total"]
+    assert progress[0]["timings"]["prompt_n"] == 0 and progress[0]["timings"]["prompt_ms"] == 0.0
+    assert progress[-1]["timings"]["prompt_n"] == last["processed"] - last["cache"]
+    assert progress[-1]["timings"]["prompt_ms"] > 0 and progress[-1]["timings"]["predicted_n"] == 0
+    chat = _sse(running.url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, **asked})
+    progress = [e for e in chat if "prompt_progress" in e]
+    role = {"role": "assistant", "content": None}
+    assert progress and all(e["choices"][0]["delta"] == role for e in progress)
+    assert "timings" not in progress[0]  # only with timings_per_token, as llama-server
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    text = _sse(running.url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, **asked})
+    assert [e["choices"][0]["text"] for e in text if "prompt_progress" in e][:1] == [""]
+    plain = _sse(running.url + "/completion", {"prompt": prompt, "n_predict": 2, "stream": True})
+    assert not any("prompt_progress" in e for e in plain)
+    for field in ("return_progress", "timings_per_token"):
+        bad = httpx.post(running.url + "/completion", json={"prompt": "Hi", field: "yes"})
+        assert bad.status_code == 400 and field in bad.json()["error"]["message"]
+
+
 def test_tokenize_detokenize_and_template(running: Running) -> None:
     ids = httpx.post(running.url + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
     assert ids and all(isinstance(t, int) for t in ids)

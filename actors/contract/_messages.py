@@ -66,7 +66,7 @@ class ReplyTo(Protocol):
     """
 
     def put(self, item: Any, /) -> Any:
-        """Take one event (a ``Token``, ``Done`` or ``Failed``) without blocking."""
+        """Take one event (a ``Progress``, ``Token``, ``Done`` or ``Failed``) without blocking."""
         ...
 
 
@@ -254,10 +254,13 @@ class Stream(_RequestMessage):
 
     prompt: str = field(kw_only=False)
     reply_to: ReplyTo
+    progress: bool = False
+    """Also send ``Progress`` events while the prompt is prefilled: one when the request
+    enters a slot, then one after each prefill chunk, before the first ``Token``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", _check_prompt(self.prompt))
-        _check_reply_to(self.reply_to)
+        _check_stream(self)
         _RequestMessage._check_options(self)
 
 
@@ -267,10 +270,12 @@ class StreamTokens(_RequestMessage):
 
     tokens: Sequence[int] = field(kw_only=False)  # stored as a tuple
     reply_to: ReplyTo
+    progress: bool = False
+    """As ``Stream.progress``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
-        _check_reply_to(self.reply_to)
+        _check_stream(self)
         _RequestMessage._check_options(self)
 
 
@@ -309,13 +314,21 @@ class StreamChat(_RequestMessage):
     """As ``Chat.parse_special``."""
     template_kwargs: Mapping[str, Any] | None = None
     """As ``Chat.template_kwargs``."""
+    progress: bool = False
+    """As ``Stream.progress``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
         _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
         _check_template_kwargs(self)
-        _check_reply_to(self.reply_to)
+        _check_stream(self)
         _RequestMessage._check_options(self)
+
+
+def _check_stream(message: Stream | StreamTokens | StreamChat) -> None:
+    """The options only streams have: where the events go, and whether progress too."""
+    _check_reply_to(message.reply_to)
+    _require(isinstance(message.progress, bool), f"progress must be a bool, got {_show(message.progress)}")
 
 
 def _check_template_kwargs(message: Chat | StreamChat) -> None:

@@ -11,7 +11,7 @@ import time
 from actors.backend._greedy import DeadEnd
 from actors.backend._llama import _Chain
 from actors.contract._errors import InvalidRequest
-from actors.contract._results import Token, TokenLogprob, TopLogprob
+from actors.contract._results import Progress, Token, TokenLogprob, TopLogprob
 from actors.engine._finishing import Finishing
 from actors.engine._prepare import MAX_GRAMMAR_MS_PER_TOKEN
 from actors.engine._slots import Request, Slot
@@ -66,6 +66,17 @@ class Sampling(Finishing):
                 tuple(TopLogprob(t, piece(t).decode("utf-8", "replace"), lp) for t, lp in top),
             )
         self._on_token(slot, token, logprob)
+
+    def _progress(self, slot: Slot) -> bool:
+        """Send the slot's prefill progress to its stream (``progress=True`` only); False
+        when the consumer is gone and the request was cancelled."""
+        request = slot.request
+        assert request is not None
+        cached = request.prefill_cached
+        processed = len(slot.cached)
+        elapsed_ms = (time.monotonic() - request.t_started) * 1000.0 if processed > cached else 0.0
+        event = Progress(request.request_id, processed, len(request.prompt), cached, elapsed_ms)
+        return self._put(request, event)
 
     @staticmethod
     def _too_costly(request: Request) -> bool:

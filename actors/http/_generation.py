@@ -15,6 +15,7 @@ from actors import (
     Completion,
     Done,
     EngineError,
+    Progress,
     Token,
     TokenLogprob,
     achat,
@@ -32,6 +33,8 @@ __all__ = [
     "finish_reason",
     "logprobs_json",
     "open_stream",
+    "progress_json",
+    "progress_timings",
     "sse",
     "stop_type",
     "timings",
@@ -79,14 +82,17 @@ async def complete(
         raise from_engine_error(e) from None
 
 
+Event = Progress | Token | Done
+
+
 class Opened:
     """A stream whose first event has arrived: iterate ``events`` for all of them."""
 
-    def __init__(self, first: Token | Done, rest: AsyncIterator[Token | Done]) -> None:
-        self._first: Token | Done | None = first
+    def __init__(self, first: Event, rest: AsyncIterator[Event]) -> None:
+        self._first: Event | None = first
         self._rest = rest
 
-    async def events(self) -> AsyncIterator[Token | Done]:
+    async def events(self) -> AsyncIterator[Event]:
         """Every event, the first included; a failure mid-stream raises ``HttpError``."""
         try:
             if self._first is not None:
@@ -168,6 +174,35 @@ def timings(completion: Completion) -> dict[str, float | int]:
         "predicted_per_second": (
             1000.0 * (predicted_n - 1) / predicted_ms if predicted_n > 1 and predicted_ms > 0 else 0.0
         ),
+    }
+
+
+def progress_json(progress: Progress) -> dict[str, int]:
+    """llama-server's ``prompt_progress``: the prompt's tokens, those cached, those
+    processed (cached included), and the milliseconds since prompt processing began."""
+    return {
+        "total": progress.total,
+        "cache": progress.cached,
+        "processed": progress.processed,
+        "time_ms": int(progress.prefill_ms),
+    }
+
+
+def progress_timings(progress: Progress) -> dict[str, float | int]:
+    """llama-server's ``timings`` during prompt processing (``timings_per_token``): the
+    prompt's so far, nothing predicted yet."""
+    prompt_n = progress.processed - progress.cached
+    prompt_ms = progress.prefill_ms
+    return {
+        "cache_n": progress.cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": 0,
+        "predicted_ms": 0.0,
+        "predicted_per_token_ms": 0.0,
+        "predicted_per_second": 0.0,
     }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors import Completion, Done, EngineError, Token
+from actors import Completion, Done, EngineError, Progress, Token
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
@@ -23,11 +23,13 @@ from actors.http._generation import (
     error_event,
     logprobs_json,
     open_stream,
+    progress_json,
+    progress_timings,
     sse,
     stop_type,
     timings,
 )
-from actors.http._params import _OFF_VALUES, RANDOM_SEED, max_tokens, sampling_options
+from actors.http._params import _OFF_VALUES, RANDOM_SEED, max_tokens, sampling_options, stream_options
 from actors.http._service import Service
 from actors.http._stream import EventStream, unless_disconnected
 
@@ -181,6 +183,7 @@ async def completion(request: Request) -> Response | EventStream:
         raise HttpError(400, "'prompt' is required")
     prompts = prompts_of(body["prompt"], service.tokenize)
     options = completion_options(service, body)
+    streaming, per_token = stream_options(body)
     stream = body.get("stream") is True
     return_tokens = body.get("return_tokens") is True
     if not stream:
@@ -196,19 +199,35 @@ async def completion(request: Request) -> Response | EventStream:
         )
     if len(prompts) > 1:
         raise HttpError(400, "streaming several prompts in one request is not supported; send one each")
-    opened = await open_stream(service, request, prompt=prompts[0], messages=None, options=options)
-    return EventStream(_native_events(service, opened, options))
+    opened = await open_stream(
+        service, request, prompt=prompts[0], messages=None, options={**options, **streaming}
+    )
+    return EventStream(_native_events(service, opened, options, per_token))
 
 
 async def _native_events(
-    service: Service, opened: Opened, options: Mapping[str, Any]
+    service: Service, opened: Opened, options: Mapping[str, Any], per_token: bool
 ) -> AsyncIterator[bytes]:
     n_predicted = 0
     try:
         async for event in opened.events():
-            if isinstance(event, Token):
-                n_predicted += 1
+            if isinstance(event, Progress):
                 chunk: dict[str, Any] = {
+                    "index": 0,
+                    "content": "",
+                    "tokens": [],
+                    "stop": False,
+                    "id_slot": -1,
+                    "tokens_predicted": 0,
+                    "tokens_evaluated": event.total,
+                    "prompt_progress": progress_json(event),
+                }
+                if per_token:
+                    chunk["timings"] = progress_timings(event)
+                yield sse(chunk)
+            elif isinstance(event, Token):
+                n_predicted += 1
+                chunk = {
                     "index": 0,
                     "content": event.text,
                     "tokens": [event.token_id],

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import actors
-from actors import Completion, Done, EngineError, Token
+from actors import Completion, Done, EngineError, Progress, Token
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
@@ -25,11 +25,13 @@ from actors.http._generation import (
     finish_reason,
     logprobs_json,
     open_stream,
+    progress_json,
+    progress_timings,
     sse,
     timings,
 )
 from actors.http._native import complete_all, final_json, json_response, prompts_of
-from actors.http._params import chat_messages, max_tokens, sampling_options, template_kwargs
+from actors.http._params import chat_messages, max_tokens, sampling_options, stream_options, template_kwargs
 from actors.http._service import Service
 from actors.http._stream import EventStream
 
@@ -180,6 +182,7 @@ async def completions(request: Request) -> Response | EventStream:
         raise HttpError(400, "'prompt' is required")
     prompts = prompts_of(body["prompt"], service.tokenize)
     options = _options(service, body, chat=False)
+    streaming, per_token = stream_options(body)
     cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
         if len(prompts) == 1:
@@ -206,15 +209,30 @@ async def completions(request: Request) -> Response | EventStream:
         )
     if len(prompts) > 1:
         raise HttpError(400, "streaming several prompts in one request is not supported; send one each")
-    opened = await open_stream(service, request, prompt=prompts[0], messages=None, options=options)
-    return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body)))
+    opened = await open_stream(
+        service, request, prompt=prompts[0], messages=None, options={**options, **streaming}
+    )
+    return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body), per_token))
 
 
-async def _completion_events(opened: Opened, cmpl_id: str, model: str, usage: bool) -> AsyncIterator[bytes]:
+def _progress(chunk: dict[str, Any], event: Progress, per_token: bool) -> dict[str, Any]:
+    """``chunk`` with llama-server's ``prompt_progress`` (and ``timings``, when asked)."""
+    chunk["prompt_progress"] = progress_json(event)
+    if per_token:
+        chunk["timings"] = progress_timings(event)
+    return chunk
+
+
+async def _completion_events(
+    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool
+) -> AsyncIterator[bytes]:
     envelope = _envelope("text_completion", cmpl_id, model)
     try:
         async for event in opened.events():
-            if isinstance(event, Token):
+            if isinstance(event, Progress):
+                empty = {"text": "", "index": 0, "logprobs": None, "finish_reason": None}
+                yield sse(_progress({**envelope, "choices": [empty]}, event, per_token))
+            elif isinstance(event, Token):
                 logprobs = {"content": logprobs_json([event.logprob])} if event.logprob else None
                 choice = {"text": event.text, "index": 0, "logprobs": logprobs, "finish_reason": None}
                 yield sse({**envelope, "choices": [choice]})
@@ -239,6 +257,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
     messages = chat_messages(body.get("messages"))
     _check_continuation(body, messages)
     options = _options(service, body, chat=True)
+    streaming, per_token = stream_options(body)
     cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
         done = await complete(service, request, prompt=None, messages=messages, options=options)
@@ -265,8 +284,10 @@ async def chat_completions(request: Request) -> Response | EventStream:
                 "prompt": prompt,
             }
         return json_response(reply)
-    opened = await open_stream(service, request, prompt=None, messages=messages, options=options)
-    return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body)))
+    opened = await open_stream(
+        service, request, prompt=None, messages=messages, options={**options, **streaming}
+    )
+    return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body), per_token))
 
 
 async def input_tokens(request: Request) -> Response:
@@ -289,17 +310,24 @@ async def input_tokens(request: Request) -> Response:
         raise from_engine_error(e) from None
 
 
-async def _chat_events(opened: Opened, cmpl_id: str, model: str, usage: bool) -> AsyncIterator[bytes]:
+async def _chat_events(
+    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool
+) -> AsyncIterator[bytes]:
     envelope = _envelope("chat.completion.chunk", cmpl_id, model)
 
-    def chunk(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
+    def choices(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
         choice = {"finish_reason": None, "index": 0, "delta": delta, **(extra or {})}
-        return sse({**envelope, "choices": [choice]})
+        return {**envelope, "choices": [choice]}
+
+    def chunk(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
+        return sse(choices(delta, extra))
 
     yield chunk({"role": "assistant", "content": None})
     try:
         async for event in opened.events():
-            if isinstance(event, Token):
+            if isinstance(event, Progress):  # llama-server's: the role delta, with the progress
+                yield sse(_progress(choices({"role": "assistant", "content": None}), event, per_token))
+            elif isinstance(event, Token):
                 if event.text or event.logprob:
                     extra = {"logprobs": {"content": logprobs_json([event.logprob])}} if event.logprob else {}
                     yield chunk({"content": event.text}, extra)

@@ -15,7 +15,15 @@ from typing import Any
 
 from actors.http._errors import HttpError
 
-__all__ = ["RANDOM_SEED", "Limits", "chat_messages", "max_tokens", "sampling_options", "template_kwargs"]
+__all__ = [
+    "RANDOM_SEED",
+    "Limits",
+    "chat_messages",
+    "max_tokens",
+    "sampling_options",
+    "stream_options",
+    "template_kwargs",
+]
 
 # Scopes of requests that asked not to share their KV (cache_prompt: false).
 _PRIVATE_SCOPES = itertools.count()
@@ -209,6 +217,15 @@ def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int
         # Its own cache scope: it reuses no one's KV and no one reuses its own.
         options["cache_scope"] = f"private:{next(_PRIVATE_SCOPES)}"
     return options
+
+
+def stream_options(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A stream's engine options and whether its chunks carry ``timings``: llama-server's
+    ``return_progress`` (prompt-progress events: the engine's ``progress``) and
+    ``timings_per_token``; checked for type whether the request streams or not."""
+    progress = _bool(body, "return_progress")
+    per_token = _bool(body, "timings_per_token")
+    return ({"progress": True} if progress else {}), per_token is True
 
 
 def template_kwargs(defaults: tuple[tuple[str, Any], ...], body: Mapping[str, Any]) -> dict[str, Any]:
