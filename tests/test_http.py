@@ -685,6 +685,21 @@ def test_continue_final_message_and_add_generation_prompt(running: Running) -> N
         url, json={"messages": prefill, "continue_final_message": True, "max_tokens": 1}, timeout=60
     )
     assert ok.status_code == 200
+    # add_generation_prompt=false without a prefill: the chat as it is, the turn not opened.
+    closed = httpx.post(
+        running.url + "/apply-template", json={"messages": CHAT, "add_generation_prompt": False}
+    ).json()["prompt"]
+    opened = httpx.post(running.url + "/apply-template", json={"messages": CHAT}).json()["prompt"]
+    assert opened.startswith(closed) and opened[len(closed) :] == "<|im_start|>assistant\n"
+    counted = httpx.post(
+        url + "/input_tokens", json={"messages": CHAT, "add_generation_prompt": False}
+    ).json()["input_tokens"]
+    assert counted < httpx.post(url + "/input_tokens", json={"messages": CHAT}).json()["input_tokens"]
+    raw = {"messages": CHAT, "add_generation_prompt": False, "max_tokens": 1, "temperature": 0}
+    reply = httpx.post(url, json=raw, timeout=60).json()
+    assert reply["usage"]["prompt_tokens"] == counted
+    for bad in ({"add_generation_prompt": "no"}, {"continue_final_message": 1}, {"tools": {"a": 1}}):
+        assert httpx.post(running.url + "/apply-template", json={"messages": CHAT, **bad}).status_code == 400
     parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
     prompt = httpx.post(
         running.url + "/apply-template", json={"messages": [{"role": "user", "content": parts}]}
@@ -692,8 +707,13 @@ def test_continue_final_message_and_add_generation_prompt(running: Running) -> N
     assert "Wh\n\nill" in prompt.json()["prompt"]  # llama-server joins text parts so
 
 
-def test_templates_see_todays_date_as_llama_cpp_gives_it(model_path: str) -> None:
-    template = "{{ date_string }}|{{ datetime }}|{% for m in messages %}{{ m.content }}{% endfor %}"
+def test_templates_see_todays_date_and_tools_as_llama_cpp_gives_them(model_path: str) -> None:
+    # firefunction-v2's way: `functions` (never set) appended to a string, then the date.
+    template = (
+        "{{ 'Functions:' + functions }}|{{ date_string }}|{{ datetime }}|"
+        "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
     server = Running(
         HttpSettings(),
         lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512, chat_template=template),
@@ -701,6 +721,14 @@ def test_templates_see_todays_date_as_llama_cpp_gives_it(model_path: str) -> Non
     try:
         server.wait_ready()
         prompt = httpx.post(server.url + "/apply-template", json={"messages": CHAT}).json()["prompt"]
-        assert prompt.startswith(time.strftime("%d %b %Y") + "|" + time.strftime("%b %d %Y") + "|")
+        assert prompt.startswith(
+            "Functions:|" + time.strftime("%d %b %Y") + "|" + time.strftime("%b %d %Y") + "|"
+        )
+        tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        body = {"messages": CHAT, "tools": [tool]}
+        assert (
+            "|[get_time]Name a colour."
+            in httpx.post(server.url + "/apply-template", json=body).json()["prompt"]
+        )
     finally:
         server.stop()

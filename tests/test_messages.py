@@ -104,6 +104,15 @@ def test_progress_is_a_stream_option_and_a_bool() -> None:
         Generate("hi", progress=True)  # type: ignore[call-arg]
 
 
+def test_add_generation_prompt_is_a_chat_option_and_a_bool() -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    assert Chat(hi).add_generation_prompt is True
+    assert StreamChat(hi, reply_to=queue.Queue(), add_generation_prompt=False).add_generation_prompt is False
+    for bad in (0, "false", None):
+        with pytest.raises(InvalidRequest, match="add_generation_prompt must be a bool"):
+            Chat(hi, add_generation_prompt=bad)
+
+
 def test_unknown_keyword_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="temperature"):
         Generate("hi", temperature=0.5)  # type: ignore[call-arg]

@@ -296,11 +296,14 @@ class Chat(_RequestMessage):
     ``{"enable_thinking": False}``), over the server's ``chat_template_kwargs``: names are
     identifiers, values JSON (at most ``MAX_TEMPLATE_KWARGS_BYTES`` of it, nested at most
     ``MAX_TEMPLATE_KWARGS_DEPTH`` deep); stored as a frozen copy."""
+    add_generation_prompt: bool = True
+    """Open the assistant's turn after the messages (the template's
+    ``add_generation_prompt``); False renders the chat as it is, and the reply continues
+    from there. A final assistant message is a prefill either way."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
-        _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
-        _check_template_kwargs(self)
+        _check_chat_options(self)
         _RequestMessage._check_options(self)
 
 
@@ -314,13 +317,14 @@ class StreamChat(_RequestMessage):
     """As ``Chat.parse_special``."""
     template_kwargs: Mapping[str, Any] | None = None
     """As ``Chat.template_kwargs``."""
+    add_generation_prompt: bool = True
+    """As ``Chat.add_generation_prompt``."""
     progress: bool = False
     """As ``Stream.progress``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
-        _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
-        _check_template_kwargs(self)
+        _check_chat_options(self)
         _check_stream(self)
         _RequestMessage._check_options(self)
 
@@ -331,7 +335,12 @@ def _check_stream(message: Stream | StreamTokens | StreamChat) -> None:
     _require(isinstance(message.progress, bool), f"progress must be a bool, got {_show(message.progress)}")
 
 
-def _check_template_kwargs(message: Chat | StreamChat) -> None:
+def _check_chat_options(message: Chat | StreamChat) -> None:
+    _require(isinstance(message.parse_special, bool), "parse_special must be a bool")
+    _require(
+        isinstance(message.add_generation_prompt, bool),
+        f"add_generation_prompt must be a bool, got {_show(message.add_generation_prompt)}",
+    )
     if message.template_kwargs is not None:
         object.__setattr__(message, "template_kwargs", _checked_template_kwargs(message.template_kwargs))
 

@@ -7,6 +7,7 @@ Handlers run on the event loop; the engine is reached only through the public he
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -333,15 +334,18 @@ async def detokenize(request: Request) -> Response:
 
 async def apply_template(request: Request) -> Response:
     """``POST /apply-template``: the chat template applied to ``messages``, as ``prompt``."""
-    from actors.http._params import chat_messages, template_kwargs
+    from actors.http._params import chat_messages, continuation, template_kwargs, tools_option
 
     service: Service = request.app.state.service
     body = await _body(request)
     messages = chat_messages(body.get("messages"))
+    render = {**continuation(body, messages), **tools_option(body)}
     tokenizer = service.need_tokenizer()
     try:
         variables = template_kwargs(service.settings.chat_template_kwargs, body) or None
-        prompt = await service.run(tokenizer.apply_chat_template, messages, variables)
+        prompt = await service.run(
+            functools.partial(tokenizer.apply_chat_template, messages, variables, **render)
+        )
     except EngineError as e:
         raise from_engine_error(e) from None
     return json_response({"prompt": prompt})

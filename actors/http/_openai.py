@@ -7,6 +7,7 @@ Handlers run on the event loop; the engine is reached only through the public he
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -31,7 +32,15 @@ from actors.http._generation import (
     timings,
 )
 from actors.http._native import complete_all, final_json, json_response, prompts_of
-from actors.http._params import chat_messages, max_tokens, sampling_options, stream_options, template_kwargs
+from actors.http._params import (
+    chat_messages,
+    continuation,
+    max_tokens,
+    sampling_options,
+    stream_options,
+    template_kwargs,
+    tools_option,
+)
 from actors.http._service import Service
 from actors.http._stream import EventStream
 
@@ -83,23 +92,6 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
     if isinstance(user, str) and user and "cache_scope" not in options:
         options["cache_scope"] = f"user:{user}"
     return options
-
-
-def _check_continuation(body: Mapping[str, Any], messages: list[dict[str, str]]) -> None:
-    """vLLM's ``continue_final_message`` and ``add_generation_prompt``: a final assistant
-    message is always continued here (a prefill), and a new turn always opened otherwise."""
-    add = body.get("add_generation_prompt")
-    cont = body.get("continue_final_message")
-    for name, value in (("add_generation_prompt", add), ("continue_final_message", cont)):
-        if value is not None and not isinstance(value, bool):
-            raise HttpError(400, f"'{name}' must be true or false")
-    if add and cont:
-        raise HttpError(400, "add_generation_prompt and continue_final_message cannot both be true")
-    prefill = len(messages) > 1 and messages[-1]["role"] == "assistant"
-    if cont and not prefill:
-        raise HttpError(400, "continue_final_message needs a final assistant message to continue")
-    if add is False and not prefill:
-        raise HttpError(400, "add_generation_prompt=false is supported with a final assistant message only")
 
 
 def _response_format(value: object) -> dict[str, Any]:
@@ -255,8 +247,8 @@ async def chat_completions(request: Request) -> Response | EventStream:
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
     messages = chat_messages(body.get("messages"))
-    _check_continuation(body, messages)
-    options = _options(service, body, chat=True)
+    turn = continuation(body, messages)
+    options = {**_options(service, body, chat=True), **turn}
     streaming, per_token = stream_options(body)
     cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
@@ -277,7 +269,12 @@ async def chat_completions(request: Request) -> Response | EventStream:
         verbose = body.get("verbose")
         if verbose is True or (verbose is None and service.settings.verbose):  # llama-server's debug view
             prompt = await service.run(
-                service.need_tokenizer().apply_chat_template, messages, options.get("template_kwargs")
+                functools.partial(
+                    service.need_tokenizer().apply_chat_template,
+                    messages,
+                    options.get("template_kwargs"),
+                    **turn,
+                )
             )
             reply["__verbose"] = {
                 **final_json(service, done, options, stream=False, tokens=False),
@@ -297,11 +294,12 @@ async def input_tokens(request: Request) -> Response:
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
     messages = chat_messages(body.get("messages"))
+    render = {**continuation(body, messages), **tools_option(body)}
     variables = template_kwargs(service.settings.chat_template_kwargs, body) or None
     tokenizer = service.need_tokenizer()
 
     def count() -> int:
-        prompt = tokenizer.apply_chat_template(messages, variables)
+        prompt = tokenizer.apply_chat_template(messages, variables, **render)
         return len(tokenizer.tokenize(prompt, add_special=True, parse_special=True))
 
     try:

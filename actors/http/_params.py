@@ -19,10 +19,12 @@ __all__ = [
     "RANDOM_SEED",
     "Limits",
     "chat_messages",
+    "continuation",
     "max_tokens",
     "sampling_options",
     "stream_options",
     "template_kwargs",
+    "tools_option",
 ]
 
 # Scopes of requests that asked not to share their KV (cache_prompt: false).
@@ -226,6 +228,32 @@ def stream_options(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     progress = _bool(body, "return_progress")
     per_token = _bool(body, "timings_per_token")
     return ({"progress": True} if progress else {}), per_token is True
+
+
+def continuation(body: Mapping[str, Any], messages: list[dict[str, str]]) -> dict[str, Any]:
+    """llama-server's ``add_generation_prompt`` and ``continue_final_message`` (vLLM's):
+    a final assistant message is always continued (a prefill); otherwise the assistant's
+    turn is opened unless ``add_generation_prompt`` is false. The engine's option, if any."""
+    add = _bool(body, "add_generation_prompt")
+    cont = _bool(body, "continue_final_message")
+    if add and cont:
+        raise _fail("add_generation_prompt and continue_final_message cannot both be true")
+    prefill = len(messages) > 1 and messages[-1]["role"] == "assistant"
+    if cont and not prefill:
+        raise _fail("continue_final_message needs a final assistant message to continue")
+    return {"add_generation_prompt": False} if add is False and not prefill else {}
+
+
+def tools_option(body: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``tools`` for a template's render (``/apply-template``, the input token
+    count): llama-server passes a non-empty list to the template, as is. Only the type is
+    checked here; the tokenizer checks size and depth."""
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return {}
+    if not isinstance(tools, list) or not all(isinstance(tool, Mapping) for tool in tools):
+        raise _fail("'tools' must be a list of objects")
+    return {"tools": tools}
 
 
 def template_kwargs(defaults: tuple[tuple[str, Any], ...], body: Mapping[str, Any]) -> dict[str, Any]:
