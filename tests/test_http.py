@@ -264,6 +264,41 @@ def test_return_progress_streams_llama_servers_prompt_progress(running: Running)
         assert bad.status_code == 400 and field in bad.json()["error"]["message"]
 
 
+def test_post_sampling_probs_report_llama_servers_prob_and_top_probs(running: Running) -> None:
+    base = {"prompt": "Today was the day. Today I would finally become a", "n_predict": 4, "n_probs": 5}
+    hot = {**base, "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0, "seed": 5}
+    body = httpx.post(
+        running.url + "/completion", json={**hot, "post_sampling_probs": True}, timeout=60
+    ).json()
+    assert body["generation_settings"]["post_sampling_probs"] is True
+    for entry in body["completion_probabilities"]:
+        assert set(entry) == {"id", "token", "bytes", "prob", "top_probs"} and 0.0 < entry["prob"] <= 1.0
+        assert 1 <= len(entry["top_probs"]) <= 3  # only what top_k kept
+        assert sum(t["prob"] for t in entry["top_probs"]) == pytest.approx(1.0, abs=1e-3)
+    streamed = _sse(running.url + "/completion", {**hot, "post_sampling_probs": True, "stream": True})
+    assert all("top_probs" in e["completion_probabilities"][0] for e in streamed if e.get("tokens"))
+    plain = httpx.post(running.url + "/completion", json=hot, timeout=60).json()
+    assert "top_logprobs" in plain["completion_probabilities"][0]
+    chat = httpx.post(
+        running.url + "/v1/chat/completions",
+        json={
+            "messages": CHAT,
+            "max_tokens": 2,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "post_sampling_probs": True,
+        },
+        timeout=60,
+    ).json()
+    assert "prob" in chat["choices"][0]["logprobs"]["content"][0]
+    alone = httpx.post(
+        running.url + "/completion", json={"prompt": "Hi", "n_predict": 1, "post_sampling_probs": True}
+    )
+    assert alone.status_code == 200 and "completion_probabilities" not in alone.json()  # as llama-server
+    bad = httpx.post(running.url + "/completion", json={**base, "post_sampling_probs": "yes"})
+    assert bad.status_code == 400
+
+
 def test_tokenize_detokenize_and_template(running: Running) -> None:
     ids = httpx.post(running.url + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
     assert ids and all(isinstance(t, int) for t in ids)

@@ -540,6 +540,28 @@ class LlamaBackend:
             best = [(int(i), float(log_softmax[i])) for i in ids]
         return log_softmax, best
 
+    def sampled_probs(
+        self, sampler: _Greedy | _Chain, token: int, k: int
+    ) -> tuple[float, list[tuple[int, float]]]:
+        """The probability ``token`` had in the distribution the last :meth:`sample` with
+        ``sampler`` drew it from, and that distribution's ``k`` likeliest tokens with a
+        probability above 0 (llama-server's ``post_sampling_probs``).
+
+        The distribution is the one after the whole chain: what llama.cpp's ``dist``
+        sampler left in the candidate array (its samplers shrink and reorder the array in
+        place, never moving its data). Greedy sampling is one-hot. Call right after
+        :meth:`sample` (the actor thread).
+        """
+        if isinstance(sampler, _Greedy) or sampler.greedy:
+            return 1.0, [(token, 1.0)] if k > 0 else []
+        candidates, array = self._candidates
+        kept = candidates[: int(array.size)]
+        ids, probs = kept["id"], kept["p"]
+        chosen = probs[ids == token]
+        order = np.argsort(-probs, kind="stable")[:k]
+        top = [(int(ids[i]), float(probs[i])) for i in order if probs[i] > 0.0]
+        return (float(chosen[0]) if chosen.size else 0.0), top
+
     @staticmethod
     def free_sampler(sampler: _Greedy | _Chain) -> None:
         """Free a sampler made by :meth:`make_sampler`."""

@@ -152,6 +152,7 @@ class _RequestMessage:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
+    post_sampling_probs: bool = False
     cache_scope: str | None = None
     session: str | None = None
     truncate: bool = False
@@ -216,6 +217,11 @@ class _RequestMessage:
                 _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be an int within [0, {MAX_LOGPROBS}], got {_show(self.logprobs)}",
             )
+        _require(isinstance(self.post_sampling_probs, bool), "post_sampling_probs must be a bool")
+        _require(
+            not self.post_sampling_probs or self.logprobs is not None,
+            "post_sampling_probs needs logprobs: it says which probabilities they are",
+        )
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

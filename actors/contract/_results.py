@@ -31,7 +31,11 @@ class TokenLogprob:
     """The generated token's log-probability and the ``k`` most likely at that step.
 
     Values are the log-softmax of the model's raw logits, before sampling transforms
-    (bias, penalties, grammar, temperature); ``top`` is sorted most likely first.
+    (bias, penalties, grammar, temperature); ``top`` is sorted most likely first. With
+    the request's ``post_sampling_probs`` they are instead the log of the probabilities
+    the sampler drew the token from, after the whole chain (bias, penalties, grammar,
+    top-k, top-p, min-p, temperature): ``top`` then holds only tokens the chain kept, so
+    it may be shorter than ``k``, and greedy sampling gives the token alone, at 0.0.
     """
 
     token_id: int

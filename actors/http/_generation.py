@@ -8,6 +8,7 @@ Runs on the event loop, through the public asyncio helpers of ``actors``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -206,16 +207,20 @@ def progress_timings(progress: Progress) -> dict[str, float | int]:
     }
 
 
-def _probability(token_id: int, text: str, logprob: float) -> dict[str, Any]:
-    return {"id": token_id, "token": text, "bytes": list(text.encode()), "logprob": logprob}
+def _probability(token_id: int, text: str, logprob: float, post: bool) -> dict[str, Any]:
+    value = {"prob": math.exp(logprob)} if post else {"logprob": logprob}
+    return {"id": token_id, "token": text, "bytes": list(text.encode()), **value}
 
 
-def logprobs_json(logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    """llama-server's list of per-token probabilities (``n_probs``, ``logprobs``)."""
+def logprobs_json(logprobs: Sequence[TokenLogprob], post_sampling: bool = False) -> list[dict[str, Any]]:
+    """llama-server's list of per-token probabilities (``n_probs``, ``logprobs``): log-
+    probabilities, or with ``post_sampling_probs`` the probabilities after sampling
+    (``prob`` and ``top_probs``)."""
+    top = "top_probs" if post_sampling else "top_logprobs"
     return [
         {
-            **_probability(p.token_id, p.text, p.logprob),
-            "top_logprobs": [_probability(t.token_id, t.text, t.logprob) for t in p.top],
+            **_probability(p.token_id, p.text, p.logprob, post_sampling),
+            top: [_probability(t.token_id, t.text, t.logprob, post_sampling) for t in p.top],
         }
         for p in logprobs
     ]

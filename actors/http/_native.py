@@ -30,7 +30,14 @@ from actors.http._generation import (
     stop_type,
     timings,
 )
-from actors.http._params import _OFF_VALUES, RANDOM_SEED, max_tokens, sampling_options, stream_options
+from actors.http._params import (
+    _OFF_VALUES,
+    RANDOM_SEED,
+    max_tokens,
+    probabilities,
+    sampling_options,
+    stream_options,
+)
 from actors.http._service import Service
 from actors.http._stream import EventStream, unless_disconnected
 
@@ -91,6 +98,10 @@ def prompts_of(value: object, tokenize: Callable[[str], list[int]]) -> list[str 
     return [_one_prompt(value, tokenize)]
 
 
+def _post(options: Mapping[str, Any]) -> bool:
+    return bool(options.get("post_sampling_probs"))
+
+
 def generation_settings(service: Service, options: Mapping[str, Any], stream: bool) -> dict[str, Any]:
     """llama-server's ``generation_settings``: the request's options over the server's defaults."""
     defaults = service.info.get("sampling", {})
@@ -121,6 +132,7 @@ def generation_settings(service: Service, options: Mapping[str, Any], stream: bo
         "ignore_eos": bool(options.get("ignore_eos", False)),
         "stream": stream,
         "n_probs": options.get("logprobs") or 0,
+        "post_sampling_probs": _post(options),
         "min_keep": 0,
         "stop": list(options.get("stop") or ()),
         # Samplers this engine does not have, at the values that turn them off.
@@ -155,7 +167,7 @@ def final_json(
         "timings": timings(completion),
     }
     if not stream and completion.logprobs:
-        body["completion_probabilities"] = logprobs_json(completion.logprobs)
+        body["completion_probabilities"] = logprobs_json(completion.logprobs, _post(options))
     return body
 
 
@@ -173,7 +185,7 @@ def completion_options(service: Service, body: Mapping[str, Any]) -> dict[str, A
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
         raise HttpError(400, "'n_predict' must be an integer")
     options["max_tokens"] = max_tokens(requested, service.limits)
-    return options
+    return probabilities(options)
 
 
 async def completion(request: Request) -> Response | EventStream:
@@ -237,7 +249,7 @@ async def _native_events(
                     "tokens_predicted": n_predicted,
                 }
                 if event.logprob is not None:
-                    chunk["completion_probabilities"] = logprobs_json([event.logprob])
+                    chunk["completion_probabilities"] = logprobs_json([event.logprob], _post(options))
                 yield sse(chunk)
             elif isinstance(event, Done):
                 yield sse(final_json(service, event.completion, options, stream=True, tokens=False))

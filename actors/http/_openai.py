@@ -36,6 +36,7 @@ from actors.http._params import (
     chat_messages,
     continuation,
     max_tokens,
+    probabilities,
     sampling_options,
     stream_options,
     template_kwargs,
@@ -91,7 +92,7 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
     user = body.get("user")
     if isinstance(user, str) and user and "cache_scope" not in options:
         options["cache_scope"] = f"user:{user}"
-    return options
+    return probabilities(options)
 
 
 def _response_format(value: object) -> dict[str, Any]:
@@ -174,6 +175,7 @@ async def completions(request: Request) -> Response | EventStream:
         raise HttpError(400, "'prompt' is required")
     prompts = prompts_of(body["prompt"], service.tokenize)
     options = _options(service, body, chat=False)
+    post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)
     cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
@@ -185,7 +187,7 @@ async def completions(request: Request) -> Response | EventStream:
             {
                 "text": done.text,
                 "index": i,
-                "logprobs": {"content": logprobs_json(done.logprobs)} if done.logprobs else None,
+                "logprobs": {"content": logprobs_json(done.logprobs, post)} if done.logprobs else None,
                 "finish_reason": finish_reason(done),
             }
             for i, done in enumerate(dones)
@@ -204,7 +206,7 @@ async def completions(request: Request) -> Response | EventStream:
     opened = await open_stream(
         service, request, prompt=prompts[0], messages=None, options={**options, **streaming}
     )
-    return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body), per_token))
+    return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body), per_token, post))
 
 
 def _progress(chunk: dict[str, Any], event: Progress, per_token: bool) -> dict[str, Any]:
@@ -216,7 +218,7 @@ def _progress(chunk: dict[str, Any], event: Progress, per_token: bool) -> dict[s
 
 
 async def _completion_events(
-    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool
+    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool, post: bool
 ) -> AsyncIterator[bytes]:
     envelope = _envelope("text_completion", cmpl_id, model)
     try:
@@ -225,7 +227,7 @@ async def _completion_events(
                 empty = {"text": "", "index": 0, "logprobs": None, "finish_reason": None}
                 yield sse(_progress({**envelope, "choices": [empty]}, event, per_token))
             elif isinstance(event, Token):
-                logprobs = {"content": logprobs_json([event.logprob])} if event.logprob else None
+                logprobs = {"content": logprobs_json([event.logprob], post)} if event.logprob else None
                 choice = {"text": event.text, "index": 0, "logprobs": logprobs, "finish_reason": None}
                 yield sse({**envelope, "choices": [choice]})
             elif isinstance(event, Done):
@@ -249,6 +251,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
     messages = chat_messages(body.get("messages"))
     turn = continuation(body, messages)
     options = {**_options(service, body, chat=True), **turn}
+    post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)
     cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
@@ -259,7 +262,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
             "message": {"role": "assistant", "content": done.text},
         }
         if done.logprobs:
-            choice["logprobs"] = {"content": logprobs_json(done.logprobs)}
+            choice["logprobs"] = {"content": logprobs_json(done.logprobs, post)}
         reply = {
             **_envelope("chat.completion", cmpl_id, model),
             "choices": [choice],
@@ -284,7 +287,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
     opened = await open_stream(
         service, request, prompt=None, messages=messages, options={**options, **streaming}
     )
-    return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body), per_token))
+    return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body), per_token, post))
 
 
 async def input_tokens(request: Request) -> Response:
@@ -309,7 +312,7 @@ async def input_tokens(request: Request) -> Response:
 
 
 async def _chat_events(
-    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool
+    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool, post: bool
 ) -> AsyncIterator[bytes]:
     envelope = _envelope("chat.completion.chunk", cmpl_id, model)
 
@@ -327,7 +330,8 @@ async def _chat_events(
                 yield sse(_progress(choices({"role": "assistant", "content": None}), event, per_token))
             elif isinstance(event, Token):
                 if event.text or event.logprob:
-                    extra = {"logprobs": {"content": logprobs_json([event.logprob])}} if event.logprob else {}
+                    probs = {"content": logprobs_json([event.logprob], post)} if event.logprob else None
+                    extra = {"logprobs": probs} if probs else {}
                     yield chunk({"content": event.text}, extra)
             elif isinstance(event, Done):
                 done = event.completion

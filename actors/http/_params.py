@@ -21,6 +21,7 @@ __all__ = [
     "chat_messages",
     "continuation",
     "max_tokens",
+    "probabilities",
     "sampling_options",
     "stream_options",
     "template_kwargs",
@@ -214,10 +215,21 @@ def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int
     n_probs = _int(body, "n_probs")
     if n_probs:
         options["logprobs"] = n_probs
+    if _bool(body, "post_sampling_probs"):
+        options["post_sampling_probs"] = True  # kept by probabilities() if logprobs are asked for
     cache_prompt = _bool(body, "cache_prompt")
     if cache_prompt is False:
         # Its own cache scope: it reuses no one's KV and no one reuses its own.
         options["cache_scope"] = f"private:{next(_PRIVATE_SCOPES)}"
+    return options
+
+
+def probabilities(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` once the endpoint has set its ``logprobs``: llama-server's
+    ``post_sampling_probs`` changes which probabilities are reported, and is dropped when
+    none are (the engine refuses it alone)."""
+    if "logprobs" not in options:
+        options.pop("post_sampling_probs", None)
     return options
 
 
