@@ -49,7 +49,9 @@ PLUGIN_DIR = BENCH / "compat"
 VENV = PEERS / "compat-venv"
 RUNS = PEERS / "compat-runs"
 LLAMA_SERVER = PEERS / "llama-server"
-OURS = REPO / ".venv" / "bin" / "llama-cpp-actors"
+# ``$COMPAT_OURS`` (as in the wrapper) lets a worktree without its own venv use another
+# checkout's script; the wrapper puts this checkout first on its PYTHONPATH either way.
+OURS = Path(os.environ.get("COMPAT_OURS", str(REPO / ".venv" / "bin" / "llama-cpp-actors")))
 
 FILES = (
     "test_basic.py",
@@ -447,7 +449,7 @@ def main() -> None:
             if OURS.exists():
                 ours = run_suite("ours", tests, model, args.timeout, files, args.keyword)
             else:
-                ours_note = f"not installed yet ({OURS.relative_to(REPO)} is missing): not run"
+                ours_note = f"not installed yet ({OURS} is missing): not run"
                 print(f"\nllama-cpp-actors is {ours_note}")
 
     print()

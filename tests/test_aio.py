@@ -10,7 +10,19 @@ import pykka
 import pytest
 from helpers import NO_EOG
 
-from actors import GetStats, InvalidRequest, achat, agenerate, astream, astream_chat, generate
+from actors import (
+    Done,
+    GetStats,
+    InvalidRequest,
+    Progress,
+    Token,
+    achat,
+    agenerate,
+    astream,
+    astream_chat,
+    astream_events,
+    generate,
+)
 
 
 async def stall_probe(stop: asyncio.Event, stalls: list[float]) -> None:
@@ -52,6 +64,28 @@ def test_astream_and_chat_variants(repeatable_server: pykka.ActorRef[Any]) -> No
     text, chat_text, reply, _ = asyncio.run(main())
     assert text == generate(server, "Once upon a time", max_tokens=12, temp=0).text
     assert chat_text == reply.text
+
+
+def test_astream_events_passes_progress_and_the_text_helpers_skip_it(
+    repeatable_server: pykka.ActorRef[Any],
+) -> None:
+    server = repeatable_server
+    chat = [{"role": "user", "content": "Hi"}]
+
+    async def main() -> tuple[list[Any], list[Any], str, Any]:
+        asked = [e async for e in astream_events(server, messages=chat, max_tokens=4, temp=0, progress=True)]
+        plain = [e async for e in astream_events(server, "Hi", max_tokens=2, temp=0)]
+        pieces = [p async for p in astream_chat(server, chat, max_tokens=4, temp=0, progress=True)]
+        reply = await achat(server, chat, max_tokens=4, temp=0, progress=True)
+        return asked, plain, "".join(pieces), reply
+
+    asked, plain, text, reply = asyncio.run(main())
+    kinds = [type(e) for e in asked]
+    assert kinds[0] is Progress and kinds[-1] is Done and Token in kinds
+    assert kinds.index(Token) == kinds.count(Progress)  # every Progress before the first Token
+    assert asked[kinds.index(Token) - 1].processed == asked[-1].completion.prompt_tokens
+    assert Progress not in [type(e) for e in plain]
+    assert text == reply.text == asked[-1].completion.text
 
 
 def test_cancelling_the_task_cancels_the_request(server: pykka.ActorRef[Any]) -> None:

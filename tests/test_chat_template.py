@@ -143,3 +143,101 @@ def test_a_broken_template_is_a_config_error_at_start(start_server: Start) -> No
         start_server(chat_template="{% for m in messages %}{{ m.content }}")
     with pytest.raises(ConfigError, match="chat_template_kwargs key 'messages'"):
         start_server(chat_template_kwargs={"messages": []})
+
+
+# -- the render: llama_cpp's formatter, with llama-server's rules where it has none -------------
+
+# A conversation every template in the comparison below can take.
+TALK = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is today?"},
+    {"role": "assistant", "content": "Monday."},
+    {"role": "user", "content": "And tomorrow? {{ not a tag }} <|im_end|>"},
+]
+TEMPLATES = [
+    TEMPLATE,
+    "{% for m in messages %}{% generation %}{{ m.content | tojson }}{% endgeneration %}{% endfor %}",
+    "{{ bos_token }}{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+    "[{{ m.role | upper }}] {{ m.content }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}[ASSISTANT]{% endif %}{{ strftime_now('%Y') }}",
+    "{% if functions is none and tools is none %}none{% endif %}{{ persona }}",
+]
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_a_chat_renders_as_llama_cpps_formatter_renders_it(
+    template: str, add_generation_prompt: bool
+) -> None:
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from actors.backend._template import ChatTemplate
+
+    ours = ChatTemplate(template, bos_token="<s>", eos_token="</s>")
+    theirs = Jinja2ChatFormatter(
+        template=template, eos_token="</s>", bos_token="<s>", add_generation_prompt=add_generation_prompt
+    )
+    variables = {"persona": "Ada", "datetime": "Jan 01 2026"}
+    expected = theirs(messages=TALK, **variables).prompt
+    assert ours.render(TALK, variables, add_generation_prompt=add_generation_prompt) == expected
+
+
+def test_the_models_own_template_renders_as_create_chat_completion_does(
+    start_server: Start, reference_llama: Any
+) -> None:
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    llm = reference_llama
+    formatter = Jinja2ChatFormatter(
+        template=llm.metadata["tokenizer.chat_template"],
+        eos_token=llm._model.token_get_text(llm.token_eos()),
+        bos_token=llm._model.token_get_text(llm.token_bos()),
+    )
+    assert tokenizer(start_server(n_parallel=1)).apply_chat_template(TALK) == formatter(messages=TALK).prompt
+
+
+def test_add_generation_prompt_false_leaves_the_assistants_turn_closed(start_server: Start) -> None:
+    ref = start_server(n_parallel=1, chat_template=TEMPLATE)
+    tok = tokenizer(ref)
+    closed = tok.apply_chat_template(HI, add_generation_prompt=False)
+    assert closed == "<|im_start|>user\nhi<|im_end|>\n"
+    assert tok.apply_chat_template(HI) == closed + "<|im_start|>assistant\n"
+    prefill = [*HI, {"role": "assistant", "content": "Hel"}]  # a prefill opens the turn either way
+    assert (
+        tok.apply_chat_template(prefill, add_generation_prompt=False) == closed + "<|im_start|>assistant\nHel"
+    )
+    reply = ref.ask(Chat(HI, max_tokens=1, temp=0, add_generation_prompt=False)).get(timeout=60)
+    assert reply.prompt_tokens == len(tok.tokenize(closed, add_special=False))
+    events: queue.Queue[Any] = queue.Queue()
+    ref.tell(StreamChat(HI, reply_to=events, max_tokens=1, temp=0, add_generation_prompt=False))
+    while not isinstance(event := events.get(timeout=60), Done | Failed):
+        pass
+    assert isinstance(event, Done) and event.completion.prompt_tokens == reply.prompt_tokens
+    with pytest.raises(InvalidRequest, match="add_generation_prompt must be a bool"):
+        tok.apply_chat_template(HI, add_generation_prompt=0)  # type: ignore[arg-type]
+
+
+def test_tools_reach_the_template_and_null_concatenates_as_in_llama_cpp(start_server: Start) -> None:
+    # firefunction-v2's template appends `functions`, which llama-server never sets: its
+    # Jinja (and now ours) treats a string + None or undefined as the string.
+    template = (
+        "{{ 'Functions:' + functions + '|' + undefined_name }}"
+        "{% if tools %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}"
+        "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    ref = start_server(n_parallel=1, chat_template=template)
+    tok = tokenizer(ref)
+    assert tok.apply_chat_template(HI) == "Functions:|nullhi"
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    assert tok.apply_chat_template(HI, tools=[tool]).startswith("Functions:|[get_time][{")
+    assert tok.apply_chat_template(HI, tools=[]) == "Functions:|nullhi"
+    assert chat(ref, HI, max_tokens=1, temp=0).prompt_tokens > 0  # a Chat renders it too
+    for bad in (
+        "x",
+        [1],
+        [{"a": object()}],
+        [{"deep": [[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}],
+        [{"s": "x" * 70000}],
+    ):
+        with pytest.raises(InvalidRequest):
+            tok.apply_chat_template(HI, tools=bad)  # type: ignore[arg-type]

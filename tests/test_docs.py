@@ -156,12 +156,26 @@ def test_every_request_option_is_in_the_table() -> None:
         assert options <= {f.name for f in dataclasses.fields(message)}
 
 
+def stream_options() -> list[str]:
+    text = page("reference/requests.md").split("## Stream options")[1]
+    return first_column(text, "| option | default | meaning |")
+
+
 def test_every_chat_option_is_in_the_table() -> None:
     text = page("reference/requests.md").split("## Chat options")[1]
     names = first_column(text, "| option | default | meaning |")
     shared = {f.name for f in dataclasses.fields(actors.Generate)}
-    for message, own in ((actors.Chat, {"messages"}), (actors.StreamChat, {"messages", "reply_to"})):
+    streams = {"messages", "reply_to", *stream_options()}
+    for message, own in ((actors.Chat, {"messages"}), (actors.StreamChat, streams)):
         assert sorted(names) == sorted({f.name for f in dataclasses.fields(message)} - shared - own)
+
+
+def test_every_stream_option_is_in_the_table() -> None:
+    names = stream_options()
+    shared = {f.name for f in dataclasses.fields(actors.Generate)} | {"reply_to"}
+    for message, own in ((actors.Stream, {"prompt"}), (actors.StreamTokens, {"tokens"})):
+        assert sorted(names) == sorted({f.name for f in dataclasses.fields(message)} - shared - own)
+    assert set(names) <= {f.name for f in dataclasses.fields(actors.StreamChat)}
 
 
 def test_every_completion_field_is_in_the_table() -> None:

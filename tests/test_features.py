@@ -25,6 +25,7 @@ from actors import (
     Generate,
     GetTokenizer,
     InvalidRequest,
+    Progress,
     Stream,
     StreamChat,
     Token,
@@ -366,6 +367,40 @@ def test_streamed_tokens_carry_logprobs_and_zero_gives_no_alternatives(server: p
     assert all(t.logprob is not None and t.logprob.top == () for t in tokens[:n])
     assert [t.logprob for t in tokens[:n]] == list(completion.logprobs)
     assert generate(server, "Hello", max_tokens=2).logprobs is None
+
+
+# -- prefill progress -----------------------------------------------------------------
+
+
+def test_a_stream_that_asks_gets_its_prefill_progress_before_the_first_token(
+    start_server: StartServer,
+) -> None:
+    server = start_server(n_parallel=1, chunk_size=16)
+    prompt = "The quick brown fox jumps over the lazy dog. " * 6
+    for warm in (False, True):  # the second run finds all but the last prompt token cached
+        events = stream_events(
+            server, lambda q: Stream(prompt, reply_to=q, max_tokens=3, logit_bias=NO_EOG, progress=True)
+        )
+        done = events[-1].completion
+        first_token = next(i for i, e in enumerate(events) if isinstance(e, Token))
+        progress = events[:first_token]
+        assert all(isinstance(e, Progress) for e in progress)
+        assert not any(isinstance(e, Progress) for e in events[first_token:])
+        total, cached = done.prompt_tokens, done.prefix_cache_tokens
+        assert cached == (total - 1 if warm else 0)
+        assert progress[0].processed == cached and progress[0].prefill_ms == 0.0
+        assert [p.processed for p in progress] == [*range(cached, total, 16), total]  # one per chunk
+        assert all(p.total == total and p.cached == cached for p in progress)
+        assert all(p.request_id == done.request_id for p in progress)
+        ms = [p.prefill_ms for p in progress]
+        assert ms == sorted(ms) and ms[-1] > 0
+    plain = stream_events(server, lambda q: Stream(prompt, reply_to=q, max_tokens=3, logit_bias=NO_EOG))
+    assert not any(isinstance(e, Progress) for e in plain)
+    # The blocking helper yields text only, with or without progress events.
+    assert (
+        "".join(stream(server, prompt, max_tokens=3, temp=0, progress=True))
+        == generate(server, prompt, max_tokens=3, temp=0).text
+    )
 
 
 # -- tokenizer, seeds, min_tokens, ignore_eos -----------------------------------------

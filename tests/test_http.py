@@ -227,6 +227,78 @@ def test_native_stream_and_stop_word(running: Running) -> None:
         assert events[-1]["stopping_word"] == " 7"
 
 
+def _sse(url: str, body: dict[str, Any]) -> list[Any]:
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+def test_return_progress_streams_llama_servers_prompt_progress(running: Running) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    asked = {"stream": True, "return_progress": True}
+    native = _sse(
+        running.url + "/completion", {"prompt": prompt, "n_predict": 2, **asked, "timings_per_token": True}
+    )
+    progress = [e for e in native if "prompt_progress" in e]
+    first_content = next(i for i, e in enumerate(native) if e.get("tokens"))
+    assert len(progress) >= 2 and native[: len(progress)] == progress and first_content == len(progress)
+    first, last = progress[0]["prompt_progress"], progress[-1]["prompt_progress"]
+    assert set(first) == {"total", "cache", "processed", "time_ms"}
+    assert first["cache"] == first["processed"] and first["total"] == last["total"] == last["processed"]
+    assert native[-1]["tokens_evaluated"] == last["total"]
+    assert progress[0]["timings"]["prompt_n"] == 0 and progress[0]["timings"]["prompt_ms"] == 0.0
+    assert progress[-1]["timings"]["prompt_n"] == last["processed"] - last["cache"]
+    assert progress[-1]["timings"]["prompt_ms"] > 0 and progress[-1]["timings"]["predicted_n"] == 0
+    chat = _sse(running.url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, **asked})
+    progress = [e for e in chat if "prompt_progress" in e]
+    role = {"role": "assistant", "content": None}
+    assert progress and all(e["choices"][0]["delta"] == role for e in progress)
+    assert "timings" not in progress[0]  # only with timings_per_token, as llama-server
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    text = _sse(running.url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, **asked})
+    assert [e["choices"][0]["text"] for e in text if "prompt_progress" in e][:1] == [""]
+    plain = _sse(running.url + "/completion", {"prompt": prompt, "n_predict": 2, "stream": True})
+    assert not any("prompt_progress" in e for e in plain)
+    for field in ("return_progress", "timings_per_token"):
+        bad = httpx.post(running.url + "/completion", json={"prompt": "Hi", field: "yes"})
+        assert bad.status_code == 400 and field in bad.json()["error"]["message"]
+
+
+def test_post_sampling_probs_report_llama_servers_prob_and_top_probs(running: Running) -> None:
+    base = {"prompt": "Today was the day. Today I would finally become a", "n_predict": 4, "n_probs": 5}
+    hot = {**base, "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0, "seed": 5}
+    body = httpx.post(
+        running.url + "/completion", json={**hot, "post_sampling_probs": True}, timeout=60
+    ).json()
+    assert body["generation_settings"]["post_sampling_probs"] is True
+    for entry in body["completion_probabilities"]:
+        assert set(entry) == {"id", "token", "bytes", "prob", "top_probs"} and 0.0 < entry["prob"] <= 1.0
+        assert 1 <= len(entry["top_probs"]) <= 3  # only what top_k kept
+        assert sum(t["prob"] for t in entry["top_probs"]) == pytest.approx(1.0, abs=1e-3)
+    streamed = _sse(running.url + "/completion", {**hot, "post_sampling_probs": True, "stream": True})
+    assert all("top_probs" in e["completion_probabilities"][0] for e in streamed if e.get("tokens"))
+    plain = httpx.post(running.url + "/completion", json=hot, timeout=60).json()
+    assert "top_logprobs" in plain["completion_probabilities"][0]
+    chat = httpx.post(
+        running.url + "/v1/chat/completions",
+        json={
+            "messages": CHAT,
+            "max_tokens": 2,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "post_sampling_probs": True,
+        },
+        timeout=60,
+    ).json()
+    assert "prob" in chat["choices"][0]["logprobs"]["content"][0]
+    alone = httpx.post(
+        running.url + "/completion", json={"prompt": "Hi", "n_predict": 1, "post_sampling_probs": True}
+    )
+    assert alone.status_code == 200 and "completion_probabilities" not in alone.json()  # as llama-server
+    bad = httpx.post(running.url + "/completion", json={**base, "post_sampling_probs": "yes"})
+    assert bad.status_code == 400
+
+
 def test_tokenize_detokenize_and_template(running: Running) -> None:
     ids = httpx.post(running.url + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
     assert ids and all(isinstance(t, int) for t in ids)
@@ -648,6 +720,21 @@ def test_continue_final_message_and_add_generation_prompt(running: Running) -> N
         url, json={"messages": prefill, "continue_final_message": True, "max_tokens": 1}, timeout=60
     )
     assert ok.status_code == 200
+    # add_generation_prompt=false without a prefill: the chat as it is, the turn not opened.
+    closed = httpx.post(
+        running.url + "/apply-template", json={"messages": CHAT, "add_generation_prompt": False}
+    ).json()["prompt"]
+    opened = httpx.post(running.url + "/apply-template", json={"messages": CHAT}).json()["prompt"]
+    assert opened.startswith(closed) and opened[len(closed) :] == "<|im_start|>assistant\n"
+    counted = httpx.post(
+        url + "/input_tokens", json={"messages": CHAT, "add_generation_prompt": False}
+    ).json()["input_tokens"]
+    assert counted < httpx.post(url + "/input_tokens", json={"messages": CHAT}).json()["input_tokens"]
+    raw = {"messages": CHAT, "add_generation_prompt": False, "max_tokens": 1, "temperature": 0}
+    reply = httpx.post(url, json=raw, timeout=60).json()
+    assert reply["usage"]["prompt_tokens"] == counted
+    for bad in ({"add_generation_prompt": "no"}, {"continue_final_message": 1}, {"tools": {"a": 1}}):
+        assert httpx.post(running.url + "/apply-template", json={"messages": CHAT, **bad}).status_code == 400
     parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
     prompt = httpx.post(
         running.url + "/apply-template", json={"messages": [{"role": "user", "content": parts}]}
@@ -655,8 +742,13 @@ def test_continue_final_message_and_add_generation_prompt(running: Running) -> N
     assert "Wh\n\nill" in prompt.json()["prompt"]  # llama-server joins text parts so
 
 
-def test_templates_see_todays_date_as_llama_cpp_gives_it(model_path: str) -> None:
-    template = "{{ date_string }}|{{ datetime }}|{% for m in messages %}{{ m.content }}{% endfor %}"
+def test_templates_see_todays_date_and_tools_as_llama_cpp_gives_them(model_path: str) -> None:
+    # firefunction-v2's way: `functions` (never set) appended to a string, then the date.
+    template = (
+        "{{ 'Functions:' + functions }}|{{ date_string }}|{{ datetime }}|"
+        "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
     server = Running(
         HttpSettings(),
         lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512, chat_template=template),
@@ -664,6 +756,14 @@ def test_templates_see_todays_date_as_llama_cpp_gives_it(model_path: str) -> Non
     try:
         server.wait_ready()
         prompt = httpx.post(server.url + "/apply-template", json={"messages": CHAT}).json()["prompt"]
-        assert prompt.startswith(time.strftime("%d %b %Y") + "|" + time.strftime("%b %d %Y") + "|")
+        assert prompt.startswith(
+            "Functions:|" + time.strftime("%d %b %Y") + "|" + time.strftime("%b %d %Y") + "|"
+        )
+        tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        body = {"messages": CHAT, "tools": [tool]}
+        assert (
+            "|[get_time]Name a colour."
+            in httpx.post(server.url + "/apply-template", json=body).json()["prompt"]
+        )
     finally:
         server.stop()

@@ -39,7 +39,10 @@ SUPPORTED = (
     "-lv", "--verbosity", "--log-verbosity",
     "-h", "--help", "--usage", "--version",
 )  # fmt: skip
-ACCEPTED = ("-cb", "--cont-batching", "--ui", "--webui", "--no-ui", "--no-webui", "--jinja", "--no-jinja")
+ACCEPTED = (
+    "-cb", "--cont-batching", "--ui", "--webui", "--no-ui", "--no-webui", "--jinja", "--no-jinja",
+    "-bs", "--backend-sampling",
+)  # fmt: skip
 # Refused with their own message: --no-cont-batching (always on).
 SPECIAL = ("-nocb", "--no-cont-batching")
 OURS = ("--strategy", "--replicas", "--backend", "--max-queue", "--chunk-size", "--drain-timeout")
@@ -311,6 +314,8 @@ def test_accepted_flags(flag: str) -> None:
 def test_accepted_flags_without_effect_say_so() -> None:
     assert any("--no-jinja" in note for note in plan("-c", "64", "--no-jinja").notes)
     assert any("web UI" in note for note in plan("-c", "64", "--ui").notes)
+    # llama.cpp reads --backend_sampling as --backend-sampling (the suite passes it so).
+    assert any("--backend-sampling" in note for note in plan("-c", "64", "--backend_sampling").notes)
     assert plan("-c", "64", "--no-ui", "--jinja", "-cb").notes == ()
 
 

@@ -92,6 +92,27 @@ def test_stream_needs_a_reply_to_with_put() -> None:
         Stream("hi")  # type: ignore[call-arg]
 
 
+def test_progress_is_a_stream_option_and_a_bool() -> None:
+    assert Stream("hi", reply_to=queue.Queue()).progress is False
+    assert StreamTokens([1], reply_to=queue.Queue(), progress=True).progress is True
+    for bad in (1, "yes", None):
+        with pytest.raises(InvalidRequest, match="progress must be a bool"):
+            Stream("hi", reply_to=queue.Queue(), progress=bad)
+        with pytest.raises(InvalidRequest, match="progress must be a bool"):
+            StreamChat([{"role": "user", "content": "hi"}], reply_to=queue.Queue(), progress=bad)
+    with pytest.raises(TypeError, match="progress"):
+        Generate("hi", progress=True)  # type: ignore[call-arg]
+
+
+def test_add_generation_prompt_is_a_chat_option_and_a_bool() -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    assert Chat(hi).add_generation_prompt is True
+    assert StreamChat(hi, reply_to=queue.Queue(), add_generation_prompt=False).add_generation_prompt is False
+    for bad in (0, "false", None):
+        with pytest.raises(InvalidRequest, match="add_generation_prompt must be a bool"):
+            Chat(hi, add_generation_prompt=bad)
+
+
 def test_unknown_keyword_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="temperature"):
         Generate("hi", temperature=0.5)  # type: ignore[call-arg]

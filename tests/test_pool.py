@@ -27,6 +27,7 @@ from actors import (
     GetStats,
     GetTokenizer,
     InvalidRequest,
+    Progress,
     QueueFull,
     ServerActor,
     ServerPool,
@@ -147,6 +148,14 @@ def test_cancel_reaches_the_replica(pool: ServerPool) -> None:
     message = Stream("A long story:", reply_to=q, max_tokens=400, logit_bias=NO_EOG)
     pool.tell(message)
     assert isinstance(q.get(timeout=30), Token)
+    pool.tell(Cancel(message.request_id))
+    assert drain(q)[-1].completion.stop_reason == "cancelled"
+    # A Progress event is not the end: the request is still the pool's to cancel.
+    message = Stream("A long story:", reply_to=q, max_tokens=400, logit_bias=NO_EOG, progress=True)
+    pool.tell(message)
+    assert isinstance(q.get(timeout=30), Progress)
+    while not isinstance(q.get(timeout=30), Token):
+        pass
     pool.tell(Cancel(message.request_id))
     assert drain(q)[-1].completion.stop_reason == "cancelled"
     pieces = stream(pool, "Another long story:", max_tokens=400, logit_bias=NO_EOG)

@@ -247,6 +247,42 @@ def test_min_p_samples_only_tokens_near_the_most_likely(engine: pykka.ActorRef[A
     assert sum(rank(e) > 0 for e in entries) >= 4
 
 
+def test_post_sampling_probs_are_the_distribution_the_chain_drew_from(engine: pykka.ActorRef[Any]) -> None:
+    options = {
+        "max_tokens": 8,
+        "temp": 1.0,
+        "top_k": 5,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "seed": 3,
+        "logprobs": 10,
+    }
+    raw = run(engine, OPEN, **options)
+    post = run(engine, OPEN, **options, post_sampling_probs=True)
+    assert post.token_ids == raw.token_ids  # the same draws: only what is reported differs
+    assert raw.logprobs is not None and post.logprobs is not None
+    for before, after in zip(raw.logprobs, post.logprobs, strict=True):
+        # top_k=5 kept five tokens; at temperature 1 their probabilities are the raw
+        # softmax renormalized over them, and they are all there is.
+        kept = before.top[:5]
+        norm = math.log(sum(math.exp(t.logprob) for t in kept))
+        assert {t.token_id: pytest.approx(t.logprob - norm, abs=EPS) for t in kept} == {
+            t.token_id: t.logprob for t in after.top
+        }
+        assert sum(math.exp(t.logprob) for t in after.top) == pytest.approx(1.0, abs=EPS)
+        assert after.logprob == next(t.logprob for t in after.top if t.token_id == after.token_id)
+    greedy = run(engine, OPEN, max_tokens=3, temp=0, logprobs=5, post_sampling_probs=True)
+    assert greedy.logprobs is not None
+    for entry in greedy.logprobs:  # one-hot
+        assert entry.logprob == 0.0 and [(t.token_id, t.logprob) for t in entry.top] == [
+            (entry.token_id, 0.0)
+        ]
+    with pytest.raises(InvalidRequest, match="post_sampling_probs needs logprobs"):
+        Generate(OPEN, post_sampling_probs=True)
+    with pytest.raises(InvalidRequest, match="post_sampling_probs must be a bool"):
+        Generate(OPEN, logprobs=1, post_sampling_probs=1)  # type: ignore[arg-type]
+
+
 def test_a_seed_makes_sampling_repeatable_and_seeds_differ(engine: pykka.ActorRef[Any]) -> None:
     def sample(seed: int | None) -> tuple[int, ...]:
         return run(engine, OPEN, max_tokens=6, temp=1.5, seed=seed, **TAIL).token_ids

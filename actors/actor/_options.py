@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from actors.backend._llama import check_chat_template
 from actors.backend._options import BackendOptions, default_n_threads
+from actors.backend._template import check_chat_template
 from actors.contract._checks import _checked_template_kwargs
 from actors.contract._errors import ConfigError, InvalidRequest
 from actors.contract._messages import SamplingParams

@@ -82,8 +82,9 @@ class ServerActor(pykka.ThreadingActor):
 
     Start it with ``ServerActor.start(**options)`` and talk to the returned ``ActorRef``:
     ``ref.ask(Generate(...))`` returns a future of the ``Completion`` once the request is
-    admitted; ``ref.tell(Stream(..., reply_to=q))`` puts ``Token`` events then one
-    ``Done`` or ``Failed`` on ``q``. docs/reference/options.md describes every option.
+    admitted; ``ref.tell(Stream(..., reply_to=q))`` puts ``Token`` events (after
+    ``Progress`` events with ``progress=True``) then one ``Done`` or ``Failed`` on ``q``.
+    docs/reference/options.md describes every option.
     """
 
     use_daemon_thread = True

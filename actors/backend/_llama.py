@@ -6,7 +6,8 @@ llama.cpp aborts the whole process on some bad input (a batch over ``n_batch``, 
 logits index that did not ask for logits), so the engine validates every batch before
 it reaches :meth:`LlamaBackend.decode`. What needs no llama.cpp lives beside it:
 ``_options`` (what a backend is built from), ``_greedy`` (numpy greedy, ``DeadEnd``),
-``_chat`` (special tokens only from the template) and ``_readers`` (the vocabulary lock).
+``_chat`` (special tokens only from the template), ``_template`` (the chat template's
+render) and ``_readers`` (the vocabulary lock).
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import llama_cpp as _lc
 import numpy as np
 import numpy.typing as npt
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from actors.backend._chat import chat_tokens, prefill
@@ -31,11 +31,12 @@ from actors.backend._faults import faults
 from actors.backend._greedy import GREEDY_TEMP, DeadEnd, _Greedy
 from actors.backend._options import BackendOptions
 from actors.backend._readers import _Readers
+from actors.backend._template import ChatTemplate
 from actors.contract._checks import _template_variables
-from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, ModelLoadError
+from actors.contract._errors import EngineStopped, InvalidRequest, ModelLoadError
 from actors.contract._messages import SamplingParams
 
-__all__ = ["LlamaBackend", "check_chat_template", "llama_cpp_version"]
+__all__ = ["LlamaBackend", "llama_cpp_version"]
 
 _log = logging.getLogger("llama_cpp_actors.llama_cpp")
 
@@ -71,22 +72,6 @@ _lc.llama_backend_init()
 def llama_cpp_version() -> str:
     """The installed llama-cpp-python version."""
     return str(_lc.__version__)
-
-
-def check_chat_template(template: str) -> None:
-    """Compile ``template`` as the backend will compile a custom chat template (any thread).
-
-    Only compiling: a template is Jinja2 run in llama_cpp's sandbox, which bounds what it
-    may touch but not how long its loops run, so a custom template is the operator's
-    (``ServerActor(chat_template=...)``), never a caller's, and its size is bounded.
-
-    Raises:
-        ConfigError: it is not a template llama_cpp's ``Jinja2ChatFormatter`` accepts.
-    """
-    try:
-        Jinja2ChatFormatter(template=template, eos_token="", bos_token="")
-    except Exception as e:  # TemplateSyntaxError; RecursionError for absurd nesting
-        raise ConfigError(f"chat_template is not a valid Jinja2 template: {e}") from None
 
 
 _FLASH_ATTN = {
@@ -206,10 +191,10 @@ class LlamaBackend:
                     texts.setdefault(text, token)
         return texts
 
-    def _chat_formatter(self) -> Jinja2ChatFormatter | None:
-        # The same formatter llama_cpp.Llama builds from the GGUF metadata, so chat
+    def _chat_formatter(self) -> ChatTemplate | None:
+        # Rendered as the formatter llama_cpp.Llama builds from the GGUF metadata, so chat
         # prompts render (and so tokenize) exactly as create_chat_completion's do; a
-        # custom template goes through the same formatter, with the same variables.
+        # custom template renders the same way, with the same variables.
         if self._custom_template is not None:
             template = self._custom_template
         else:
@@ -223,25 +208,37 @@ class LlamaBackend:
                 "" if token == -1 else _lc.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
             )
 
-        return Jinja2ChatFormatter(
-            template=template,
-            eos_token=text(_lc.llama_vocab_eos(self._vocab)),
-            bos_token=text(self._bos),
+        return ChatTemplate(
+            template, bos_token=text(self._bos), eos_token=text(_lc.llama_vocab_eos(self._vocab))
         )
 
     def render_chat(
-        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: list[dict[str, str]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         """The prompt for ``messages`` under the chat template (thread-safe): the model's
         own, or the server's ``chat_template``.
 
         ``template_kwargs`` (checked, as a request's) are the template's variables, over
-        the server's ``chat_template_kwargs``; each render gets its own copy.
+        the server's ``chat_template_kwargs``; each render gets its own copy. Without
+        ``add_generation_prompt`` the assistant's turn is not opened (a final assistant
+        message is still a prefill); ``tools`` (checked) go to the template's ``tools``.
         """
         history, suffix = prefill(messages)
-        return self._render(history, template_kwargs) + suffix
+        add = add_generation_prompt or len(history) < len(messages)  # a prefill opens the turn
+        return self._render(history, template_kwargs, add, tools) + suffix
 
-    def _render(self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None) -> str:
+    def _render(
+        self,
+        messages: list[dict[str, str]],
+        template_kwargs: Mapping[str, Any] | None,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         if self._chat is None:
             raise InvalidRequest("the model has no chat template")
         # llama.cpp's extra context (common_chat_extra_context): templates that print the
@@ -249,8 +246,11 @@ class LlamaBackend:
         now = time.localtime()
         today = {"datetime": time.strftime("%b %d %Y", now), "date_string": time.strftime("%d %b %Y", now)}
         variables = _template_variables({**today, **self._template_defaults, **(template_kwargs or {})})
+        plain_tools = _template_variables({"tools": tools})["tools"] if tools else None
         try:
-            return str(self._chat(messages=messages, **variables).prompt)  # type: ignore[arg-type]
+            return self._chat.render(
+                messages, variables, add_generation_prompt=add_generation_prompt, tools=plain_tools
+            )
         except Exception as e:  # the template's raise_exception, or a Jinja error
             raise InvalidRequest(f"the chat template refused these messages: {e}") from None
 
@@ -259,19 +259,22 @@ class LlamaBackend:
         messages: list[dict[str, str]],
         parse_special: bool = False,
         template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
     ) -> list[int]:
         """The prompt tokens of a chat (thread-safe), as ``create_chat_completion`` makes them.
 
         Special tokens come only from the template: text inside message content that
         spells one (``<|im_start|>system``) is tokenized as text, so no message can forge
-        another role, unless ``parse_special`` allows it. ``template_kwargs`` are as
-        :meth:`render_chat`'s.
+        another role, unless ``parse_special`` allows it. ``template_kwargs`` and
+        ``add_generation_prompt`` are as :meth:`render_chat`'s.
         """
         history, suffix = prefill(messages)
+        add = add_generation_prompt or len(history) < len(messages)
         return chat_tokens(
             history,
             parse_special,
-            lambda chat: self._render(chat, template_kwargs),
+            lambda chat: self._render(chat, template_kwargs, add),
             self._specials,
             lambda text, special: self.tokenize(text, add_special=False, parse_special=special),
             suffix,
@@ -536,6 +539,28 @@ class LlamaBackend:
             ids = ids[np.argsort(-log_softmax[ids], kind="stable")]
             best = [(int(i), float(log_softmax[i])) for i in ids]
         return log_softmax, best
+
+    def sampled_probs(
+        self, sampler: _Greedy | _Chain, token: int, k: int
+    ) -> tuple[float, list[tuple[int, float]]]:
+        """The probability ``token`` had in the distribution the last :meth:`sample` with
+        ``sampler`` drew it from, and that distribution's ``k`` likeliest tokens with a
+        probability above 0 (llama-server's ``post_sampling_probs``).
+
+        The distribution is the one after the whole chain: what llama.cpp's ``dist``
+        sampler left in the candidate array (its samplers shrink and reorder the array in
+        place, never moving its data). Greedy sampling is one-hot. Call right after
+        :meth:`sample` (the actor thread).
+        """
+        if isinstance(sampler, _Greedy) or sampler.greedy:
+            return 1.0, [(token, 1.0)] if k > 0 else []
+        candidates, array = self._candidates
+        kept = candidates[: int(array.size)]
+        ids, probs = kept["id"], kept["p"]
+        chosen = probs[ids == token]
+        order = np.argsort(-probs, kind="stable")[:k]
+        top = [(int(ids[i]), float(probs[i])) for i in order if probs[i] > 0.0]
+        return (float(chosen[0]) if chosen.size else 0.0), top
 
     @staticmethod
     def free_sampler(sampler: _Greedy | _Chain) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from actors.contract._checks import _checked_tools
 from actors.contract._errors import InvalidRequest
 from actors.contract._messages import Chat
 
@@ -64,22 +65,40 @@ class Tokenizer:
         return self._backend.detokenize(list(ids))
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: Sequence[Mapping[str, str]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The prompt text the chat template makes of ``messages`` (with the assistant's
-        turn opened), as ``Chat`` renders it before tokenizing.
+        """The prompt text the chat template makes of ``messages``, as ``Chat`` renders it
+        before tokenizing (in the caller's thread).
 
         Args:
             messages: the chat, as ``Chat`` takes it.
             template_kwargs: the template's variables, as ``Chat.template_kwargs``
                 (over the server's ``chat_template_kwargs``).
+            add_generation_prompt: open the assistant's turn, as
+                ``Chat.add_generation_prompt``.
+            tools: OpenAI-style tool definitions (JSON objects) for the template's
+                ``tools`` variable, as llama-server's ``/apply-template`` renders them.
+                Render only: a ``Chat`` takes none, and no tool is ever called.
 
         Raises:
             InvalidRequest: the messages or variables are not valid for a ``Chat``, the
-                model has no chat template, or the template refused them.
+                tools are not a list of JSON objects within ``template_kwargs``' limits,
+                the model has no chat template, or the template refused them.
         """
-        chat = Chat(messages, template_kwargs=template_kwargs)  # the same checks as a Chat request
-        return self._backend.render_chat([dict(m) for m in chat.messages], chat.template_kwargs)
+        # The same checks as a Chat request
+        chat = Chat(messages, template_kwargs=template_kwargs, add_generation_prompt=add_generation_prompt)
+        checked = _checked_tools(tools) if tools is not None else None
+        return self._backend.render_chat(
+            [dict(m) for m in chat.messages],
+            chat.template_kwargs,
+            add_generation_prompt=chat.add_generation_prompt,
+            tools=checked,
+        )
 
     def __repr__(self) -> str:
         return f"Tokenizer(n_vocab={self.n_vocab})"

@@ -23,7 +23,7 @@ import pykka
 from actors.client._helpers import _RESTART_WAIT_S, _Restarting, _tell_cancel
 from actors.contract._errors import EngineStopped, InvalidRequest, RequestTimeout
 from actors.contract._messages import Stream, StreamChat, StreamTokens
-from actors.contract._results import Completion, Done, Failed, Token
+from actors.contract._results import Completion, Done, Failed, Progress, Token
 
 if TYPE_CHECKING:
     import asyncio
@@ -36,7 +36,7 @@ __all__ = ["achat", "agenerate", "astream", "astream_chat", "astream_events"]
 
 _LIVENESS_POLL_S = 0.25
 _RESTART_POLL_S = 0.05
-Event = Token | Done | Failed
+Event = Progress | Token | Done | Failed
 
 
 class _LoopQueue:
@@ -207,7 +207,9 @@ def astream_chat(
     return _texts(ref, lambda channel: StreamChat(messages, reply_to=channel, **options), timeout)
 
 
-async def _tokens_then_done(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[Token | Done]:
+async def _tokens_then_done(
+    ref: Any, make: Any, timeout: float | None
+) -> AsyncIterator[Progress | Token | Done]:
     async with contextlib.aclosing(_events(ref, make, timeout, each=True)) as events:
         async for event in events:
             if isinstance(event, Failed):
@@ -222,9 +224,10 @@ def astream_events(
     messages: Sequence[Mapping[str, str]] | None = None,
     timeout: float | None = None,
     **options: Any,
-) -> AsyncIterator[Token | Done]:
+) -> AsyncIterator[Progress | Token | Done]:
     """Async-iterate a request's events: every ``Token`` (with its id and logprobs), then
     the ``Done`` that carries the ``Completion``; a failure raises its ``EngineError``.
+    With ``progress=True``, ``Progress`` events come first, while the prompt is prefilled.
 
     For callers that need more than the text, such as an HTTP server. Give ``prompt``
     (text or token ids) or ``messages`` (a conversation for the chat template).

@@ -33,7 +33,7 @@ from actors.contract._messages import (
     SubmitMessage,
     _CancelExact,
 )
-from actors.contract._results import Completion, Done, Failed, Token
+from actors.contract._results import Completion, Done, Failed, Progress, Token
 
 __all__ = ["chat", "generate", "stream", "stream_chat"]
 
@@ -204,7 +204,7 @@ def stream(
             and ``RequestTimeout`` raised.
         **options: any ``Stream`` option (``max_tokens``, ``temp``, ...).
     """
-    events: queue.Queue[Token | Done | Failed] = queue.Queue()
+    events: queue.Queue[Progress | Token | Done | Failed] = queue.Queue()
     if isinstance(prompt, str):
         message: Stream | StreamTokens | StreamChat = Stream(prompt, reply_to=events, **options)
     else:
@@ -220,7 +220,7 @@ def stream_chat(
     **options: Any,
 ) -> Iterator[str]:
     """Stream the reply to a conversation piece by piece; as :func:`stream` otherwise."""
-    events: queue.Queue[Token | Done | Failed] = queue.Queue()
+    events: queue.Queue[Progress | Token | Done | Failed] = queue.Queue()
     message = StreamChat(messages, reply_to=events, **options)
     return _stream_events(ref, message, events, timeout)
 
@@ -228,7 +228,7 @@ def stream_chat(
 def _stream_events(
     ref: Any,
     message: Stream | StreamTokens | StreamChat,
-    events: queue.Queue[Token | Done | Failed],
+    events: queue.Queue[Progress | Token | Done | Failed],
     timeout: float | None,
 ) -> Iterator[str]:
     deadline = _deadline(timeout)  # the first piece's wait counts a restart under way
@@ -251,9 +251,10 @@ def _stream_events(
             elif isinstance(event, Done):
                 finished = True
                 return
-            else:
+            elif isinstance(event, Failed):
                 finished = True
                 raise event.error
+            # else a Progress (the option progress=True): no text, nothing to yield
     finally:
         if not finished:
             _tell_cancel(target, message)

@@ -34,7 +34,16 @@ from actors.contract._messages import (
     StreamChat,
     StreamTokens,
 )
-from actors.contract._results import Completion, Done, Failed, StopReason, Token, TokenLogprob, TopLogprob
+from actors.contract._results import (
+    Completion,
+    Done,
+    Failed,
+    Progress,
+    StopReason,
+    Token,
+    TokenLogprob,
+    TopLogprob,
+)
 
 __all__ = [
     "Cancel",
@@ -54,6 +63,7 @@ __all__ = [
     "GetTokenizer",
     "InvalidRequest",
     "ModelLoadError",
+    "Progress",
     "PromptTooLong",
     "QueueFull",
     "ReplyTo",

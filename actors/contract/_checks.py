@@ -311,6 +311,24 @@ def _checked_template_kwargs(value: object, name: str = "template_kwargs") -> Ma
     return MappingProxyType(checked)
 
 
+def _checked_tools(value: object) -> tuple[Mapping[str, Any], ...]:
+    """A frozen private copy of the tools a chat template renders (OpenAI's ``tools``: a
+    list of JSON objects), within the limits of ``template_kwargs``."""
+    _require(
+        isinstance(value, Sequence) and not isinstance(value, str | bytes),
+        "tools must be a list of JSON objects",
+    )
+    assert isinstance(value, Sequence)
+    frozen = _frozen_json("tools", tuple(value), MAX_TEMPLATE_KWARGS_DEPTH, [MAX_TEMPLATE_KWARGS_BYTES])
+    _require(all(isinstance(tool, Mapping) for tool in frozen), "each of tools must be a JSON object")
+    size = len(json.dumps(_plain(frozen), ensure_ascii=False).encode("utf-8"))
+    _require(
+        size <= MAX_TEMPLATE_KWARGS_BYTES,
+        f"tools may have at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON, got {size}",
+    )
+    return tuple(frozen)
+
+
 def _frozen_json(name: str, value: object, depth: int, budget: list[int]) -> Any:
     """``value`` as a frozen JSON value; walks at most ``budget[0]`` values and
     ``depth`` levels, so a huge or self-containing value is refused early."""

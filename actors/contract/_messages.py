@@ -66,7 +66,7 @@ class ReplyTo(Protocol):
     """
 
     def put(self, item: Any, /) -> Any:
-        """Take one event (a ``Token``, ``Done`` or ``Failed``) without blocking."""
+        """Take one event (a ``Progress``, ``Token``, ``Done`` or ``Failed``) without blocking."""
         ...
 
 
@@ -152,6 +152,7 @@ class _RequestMessage:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
+    post_sampling_probs: bool = False
     cache_scope: str | None = None
     session: str | None = None
     cache_prompt: bool = True
@@ -218,6 +219,11 @@ class _RequestMessage:
                 _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be an int within [0, {MAX_LOGPROBS}], got {_show(self.logprobs)}",
             )
+        _require(isinstance(self.post_sampling_probs, bool), "post_sampling_probs must be a bool")
+        _require(
+            not self.post_sampling_probs or self.logprobs is not None,
+            "post_sampling_probs needs logprobs: it says which probabilities they are",
+        )
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
@@ -256,10 +262,13 @@ class Stream(_RequestMessage):
 
     prompt: str = field(kw_only=False)
     reply_to: ReplyTo
+    progress: bool = False
+    """Also send ``Progress`` events while the prompt is prefilled: one when the request
+    enters a slot, then one after each prefill chunk, before the first ``Token``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", _check_prompt(self.prompt))
-        _check_reply_to(self.reply_to)
+        _check_stream(self)
         _RequestMessage._check_options(self)
 
 
@@ -269,10 +278,12 @@ class StreamTokens(_RequestMessage):
 
     tokens: Sequence[int] = field(kw_only=False)  # stored as a tuple
     reply_to: ReplyTo
+    progress: bool = False
+    """As ``Stream.progress``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
-        _check_reply_to(self.reply_to)
+        _check_stream(self)
         _RequestMessage._check_options(self)
 
 
@@ -293,11 +304,14 @@ class Chat(_RequestMessage):
     ``{"enable_thinking": False}``), over the server's ``chat_template_kwargs``: names are
     identifiers, values JSON (at most ``MAX_TEMPLATE_KWARGS_BYTES`` of it, nested at most
     ``MAX_TEMPLATE_KWARGS_DEPTH`` deep); stored as a frozen copy."""
+    add_generation_prompt: bool = True
+    """Open the assistant's turn after the messages (the template's
+    ``add_generation_prompt``); False renders the chat as it is, and the reply continues
+    from there. A final assistant message is a prefill either way."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
-        _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
-        _check_template_kwargs(self)
+        _check_chat_options(self)
         _RequestMessage._check_options(self)
 
 
@@ -311,16 +325,30 @@ class StreamChat(_RequestMessage):
     """As ``Chat.parse_special``."""
     template_kwargs: Mapping[str, Any] | None = None
     """As ``Chat.template_kwargs``."""
+    add_generation_prompt: bool = True
+    """As ``Chat.add_generation_prompt``."""
+    progress: bool = False
+    """As ``Stream.progress``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", _checked_chat(self.messages))
-        _require(isinstance(self.parse_special, bool), "parse_special must be a bool")
-        _check_template_kwargs(self)
-        _check_reply_to(self.reply_to)
+        _check_chat_options(self)
+        _check_stream(self)
         _RequestMessage._check_options(self)
 
 
-def _check_template_kwargs(message: Chat | StreamChat) -> None:
+def _check_stream(message: Stream | StreamTokens | StreamChat) -> None:
+    """The options only streams have: where the events go, and whether progress too."""
+    _check_reply_to(message.reply_to)
+    _require(isinstance(message.progress, bool), f"progress must be a bool, got {_show(message.progress)}")
+
+
+def _check_chat_options(message: Chat | StreamChat) -> None:
+    _require(isinstance(message.parse_special, bool), "parse_special must be a bool")
+    _require(
+        isinstance(message.add_generation_prompt, bool),
+        f"add_generation_prompt must be a bool, got {_show(message.add_generation_prompt)}",
+    )
     if message.template_kwargs is not None:
         object.__setattr__(message, "template_kwargs", _checked_template_kwargs(message.template_kwargs))
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from actors.contract._errors import EngineError
 
-__all__ = ["Completion", "Done", "Failed", "StopReason", "Token", "TokenLogprob", "TopLogprob"]
+__all__ = ["Completion", "Done", "Failed", "Progress", "StopReason", "Token", "TokenLogprob", "TopLogprob"]
 
 StopReason = Literal["eog", "max_tokens", "stop", "length", "cancelled", "timeout"]
 """Why a request finished: an end-of-generation token, ``max_tokens`` reached, a stop
@@ -31,7 +31,11 @@ class TokenLogprob:
     """The generated token's log-probability and the ``k`` most likely at that step.
 
     Values are the log-softmax of the model's raw logits, before sampling transforms
-    (bias, penalties, grammar, temperature); ``top`` is sorted most likely first.
+    (bias, penalties, grammar, temperature); ``top`` is sorted most likely first. With
+    the request's ``post_sampling_probs`` they are instead the log of the probabilities
+    the sampler drew the token from, after the whole chain (bias, penalties, grammar,
+    top-k, top-p, min-p, temperature): ``top`` then holds only tokens the chain kept, so
+    it may be shorter than ``k``, and greedy sampling gives the token alone, at 0.0.
     """
 
     token_id: int
@@ -77,6 +81,30 @@ class Token:
     text: str
     token_id: int
     logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a stream's prompt is prefilled; only streams that ask (``progress=True``).
+
+    The first is sent when the request enters a slot, before any prompt token is
+    decoded (``processed == cached``, ``prefill_ms == 0.0``); then one after each prefill
+    chunk is decoded, ``processed`` growing to ``total`` in the last, which comes just
+    before the first ``Token``. A request preempted before its first token (KV cells ran
+    out) starts its prefill again when it resumes, and its progress with it: a new
+    first event. None is sent once a token was generated.
+
+    ``total`` is the prompt's tokens, ``cached`` those this prefill found in a cache
+    (the slot's KV or the RAM cache), ``processed`` those in the KV now (the cached ones
+    included); ``prefill_ms`` is the time since the request first entered a slot, 0.0
+    while this prefill has decoded nothing.
+    """
+
+    request_id: str
+    processed: int
+    total: int
+    cached: int
+    prefill_ms: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,7 @@ class Admission(ForwardPass):
             request.logprobs = []
         if reply_to is not None:
             request.on_stall = functools.partial(self._stalled, message)
+            request.progress = getattr(message, "progress", False)
         self.requests[request.request_id] = request
         if message.deadline_s is not None:
             request.deadline = request.t_admitted + message.deadline_s
@@ -110,17 +111,19 @@ class Admission(ForwardPass):
         slot.request = request
         slot.state = SlotState.PREFILLING
         request.seq_id = slot.seq_id
-        if request.started:  # resumed after a preemption: already announced
-            return
-        request.started = True
-        request.prefix_cache_tokens = n_reuse
-        request.t_started = time.monotonic()
-        if telemetry.request_start.receivers:
-            self._send(
-                telemetry.request_start,
-                {"prompt_tokens": len(request.prompt), "prefix_cache_tokens": n_reuse},
-                {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
-            )
+        if not request.started:  # a request resumed after a preemption was announced already
+            request.started = True
+            request.prefix_cache_tokens = n_reuse
+            request.t_started = time.monotonic()
+            if telemetry.request_start.receivers:
+                self._send(
+                    telemetry.request_start,
+                    {"prompt_tokens": len(request.prompt), "prefix_cache_tokens": n_reuse},
+                    {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
+                )
+        if request.progress and not request.token_ids:
+            request.prefill_cached = n_reuse
+            self._progress(slot)  # last: a consumer that is gone cancels the request here
 
     def cancel(self, request_id: str, message: object = None) -> None:
         """Cancel a queued or running request; an unknown id is ignored, and so is a

@@ -70,7 +70,8 @@ class ForwardPass(Sampling):
                     self._fail(slot, error)
 
     def _commit(self, segments: list[Segment], start: int) -> None:
-        """Record decoded rows in their slots, then sample the rows that asked for logits."""
+        """Record decoded rows in their slots (a prefill chunk sends its ``Progress`` to a
+        stream that asked), then sample the rows that asked for logits."""
         tokens = self.backend.tokens
         for segment in segments:
             slot = segment.slot
@@ -78,6 +79,11 @@ class ForwardPass(Sampling):
                 self.memory.computed(slot, [slot.pending])
             else:
                 self.memory.computed(slot, tokens[segment.start : segment.end].tolist())
+                request = slot.request
+                # A Progress for streams that asked; a consumer found gone leaves nothing to sample.
+                wants = request is not None and request.progress and not request.token_ids
+                if wants and not self._progress(slot):
+                    continue
             if segment.logits_row >= 0:
                 try:
                     self._sample(slot, segment.logits_row - start)

@@ -82,7 +82,10 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
     try:
         if isinstance(message, Chat | StreamChat):
             prompt = backend.tokenize_chat(
-                [dict(m) for m in message.messages], message.parse_special, message.template_kwargs
+                [dict(m) for m in message.messages],
+                message.parse_special,
+                message.template_kwargs,
+                add_generation_prompt=message.add_generation_prompt,
             )
         elif hasattr(message, "prompt"):
             prompt = backend.tokenize(message.prompt)

@@ -6,12 +6,13 @@ Runs in the engine's thread only.
 
 from __future__ import annotations
 
+import math
 import time
 
 from actors.backend._greedy import DeadEnd
 from actors.backend._llama import _Chain
 from actors.contract._errors import InvalidRequest
-from actors.contract._results import Token, TokenLogprob, TopLogprob
+from actors.contract._results import Progress, Token, TokenLogprob, TopLogprob
 from actors.engine._finishing import Finishing
 from actors.engine._prepare import MAX_GRAMMAR_MS_PER_TOKEN
 from actors.engine._slots import Request, Slot
@@ -23,6 +24,10 @@ __all__ = ["Sampling"]
 _GRAMMAR_STRIKES = 3
 
 
+def _log(p: float) -> float:
+    return math.log(p) if p > 0.0 else -math.inf
+
+
 class Sampling(Finishing):
     """One token per slot that asked for logits (engine thread only)."""
 
@@ -31,7 +36,8 @@ class Sampling(Finishing):
         assert request is not None
         message = request.message
         log_softmax = None
-        if request.logprobs is not None:  # from the raw logits, before any ban or bias
+        post = message.post_sampling_probs
+        if request.logprobs is not None and not post:  # from the raw logits, before any ban or bias
             log_softmax, top = self.backend.logprobs(index, message.logprobs or 0)
         ban_eog = message.ignore_eos or len(request.token_ids) < message.min_tokens
         try:
@@ -57,15 +63,32 @@ class Sampling(Finishing):
             )
             return
         logprob = None
-        if log_softmax is not None and token not in self.backend.eog_ids:
+        if request.logprobs is not None and token not in self.backend.eog_ids:
+            if post:  # what the chain drew from: read before anything samples again
+                prob, probs = self.backend.sampled_probs(request.sampler, token, message.logprobs or 0)
+                chosen, top = _log(prob), [(t, _log(p)) for t, p in probs]
+            else:
+                assert log_softmax is not None
+                chosen = float(log_softmax[token])
             piece = self.backend.piece
             logprob = TokenLogprob(
                 token,
                 piece(token).decode("utf-8", "replace"),
-                float(log_softmax[token]),
+                chosen,
                 tuple(TopLogprob(t, piece(t).decode("utf-8", "replace"), lp) for t, lp in top),
             )
         self._on_token(slot, token, logprob)
+
+    def _progress(self, slot: Slot) -> bool:
+        """Send the slot's prefill progress to its stream (``progress=True`` only); False
+        when the consumer is gone and the request was cancelled."""
+        request = slot.request
+        assert request is not None
+        cached = request.prefill_cached
+        processed = len(slot.cached)
+        elapsed_ms = (time.monotonic() - request.t_started) * 1000.0 if processed > cached else 0.0
+        event = Progress(request.request_id, processed, len(request.prompt), cached, elapsed_ms)
+        return self._put(request, event)
 
     @staticmethod
     def _too_costly(request: Request) -> bool:

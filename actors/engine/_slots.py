@@ -56,6 +56,10 @@ class Request:
     # The courier calls it when the stream's consumer stops reading (streams only).
     on_stall: Callable[[], None] | None = None
     grammar_strikes: int = 0  # tokens in a row whose grammar cost over the limit
+    # A stream that asked for Progress events, and the prompt tokens its current
+    # prefill found cached (set each time it enters a slot).
+    progress: bool = False
+    prefill_cached: int = 0
 
     def __post_init__(self) -> None:
         if not self.context:

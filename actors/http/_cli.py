@@ -154,6 +154,8 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         notes.append("--no-jinja has no effect: chat templates are always rendered with Jinja")
     if v["ui"]:
         notes.append("--ui has no effect: llama-cpp-actors has no web UI")
+    if v["backend_sampling"]:
+        notes.append("--backend-sampling has no effect: sampling runs on llama.cpp's CPU samplers")
     template = v["chat_template"]
     if v["chat_template_file"] is not None:
         if template is not None:

@@ -273,11 +273,14 @@ _OPTIONS = (
             "always on: --cont-batching is accepted, --no-cont-batching refused"),
     _Option("--ui", "ui", "the web UI (default: enabled). llama-cpp-actors has none: --ui, --no-ui, "
             "--no-webui are accepted and change nothing"),
+    _Option("--backend-sampling", "backend_sampling", "sample on the compute backend (experimental, "
+            "default: disabled). Ours samples with llama.cpp's CPU samplers, whose results backend "
+            "sampling promises to give too: accepted, it changes nothing"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
     _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
             "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
 )  # fmt: skip
-_ACCEPTED = frozenset({"cont_batching", "ui", "jinja"})  # switches without effect
+_ACCEPTED = frozenset({"cont_batching", "ui", "jinja", "backend_sampling"})  # switches without effect
 _REFUSED_NEGATIONS = MappingProxyType(
     {"cont_batching": "continuous batching is always on in llama-cpp-actors"}
 )

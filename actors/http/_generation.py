@@ -8,6 +8,7 @@ Runs on the event loop, through the public asyncio helpers of ``actors``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from actors import (
     Completion,
     Done,
     EngineError,
+    Progress,
     Token,
     TokenLogprob,
     achat,
@@ -32,6 +34,8 @@ __all__ = [
     "finish_reason",
     "logprobs_json",
     "open_stream",
+    "progress_json",
+    "progress_timings",
     "sse",
     "stop_type",
     "timings",
@@ -79,14 +83,17 @@ async def complete(
         raise from_engine_error(e) from None
 
 
+Event = Progress | Token | Done
+
+
 class Opened:
     """A stream whose first event has arrived: iterate ``events`` for all of them."""
 
-    def __init__(self, first: Token | Done, rest: AsyncIterator[Token | Done]) -> None:
-        self._first: Token | Done | None = first
+    def __init__(self, first: Event, rest: AsyncIterator[Event]) -> None:
+        self._first: Event | None = first
         self._rest = rest
 
-    async def events(self) -> AsyncIterator[Token | Done]:
+    async def events(self) -> AsyncIterator[Event]:
         """Every event, the first included; a failure mid-stream raises ``HttpError``."""
         try:
             if self._first is not None:
@@ -171,16 +178,49 @@ def timings(completion: Completion) -> dict[str, float | int]:
     }
 
 
-def _probability(token_id: int, text: str, logprob: float) -> dict[str, Any]:
-    return {"id": token_id, "token": text, "bytes": list(text.encode()), "logprob": logprob}
+def progress_json(progress: Progress) -> dict[str, int]:
+    """llama-server's ``prompt_progress``: the prompt's tokens, those cached, those
+    processed (cached included), and the milliseconds since prompt processing began."""
+    return {
+        "total": progress.total,
+        "cache": progress.cached,
+        "processed": progress.processed,
+        "time_ms": int(progress.prefill_ms),
+    }
 
 
-def logprobs_json(logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    """llama-server's list of per-token probabilities (``n_probs``, ``logprobs``)."""
+def progress_timings(progress: Progress) -> dict[str, float | int]:
+    """llama-server's ``timings`` during prompt processing (``timings_per_token``): the
+    prompt's so far, nothing predicted yet."""
+    prompt_n = progress.processed - progress.cached
+    prompt_ms = progress.prefill_ms
+    return {
+        "cache_n": progress.cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": 0,
+        "predicted_ms": 0.0,
+        "predicted_per_token_ms": 0.0,
+        "predicted_per_second": 0.0,
+    }
+
+
+def _probability(token_id: int, text: str, logprob: float, post: bool) -> dict[str, Any]:
+    value = {"prob": math.exp(logprob)} if post else {"logprob": logprob}
+    return {"id": token_id, "token": text, "bytes": list(text.encode()), **value}
+
+
+def logprobs_json(logprobs: Sequence[TokenLogprob], post_sampling: bool = False) -> list[dict[str, Any]]:
+    """llama-server's list of per-token probabilities (``n_probs``, ``logprobs``): log-
+    probabilities, or with ``post_sampling_probs`` the probabilities after sampling
+    (``prob`` and ``top_probs``)."""
+    top = "top_probs" if post_sampling else "top_logprobs"
     return [
         {
-            **_probability(p.token_id, p.text, p.logprob),
-            "top_logprobs": [_probability(t.token_id, t.text, t.logprob) for t in p.top],
+            **_probability(p.token_id, p.text, p.logprob, post_sampling),
+            top: [_probability(t.token_id, t.text, t.logprob, post_sampling) for t in p.top],
         }
         for p in logprobs
     ]

@@ -7,6 +7,7 @@ Handlers run on the event loop; the engine is reached only through the public he
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors import Completion, Done, EngineError, Token
+from actors import Completion, Done, EngineError, Progress, Token
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
@@ -23,11 +24,20 @@ from actors.http._generation import (
     error_event,
     logprobs_json,
     open_stream,
+    progress_json,
+    progress_timings,
     sse,
     stop_type,
     timings,
 )
-from actors.http._params import _OFF_VALUES, RANDOM_SEED, max_tokens, sampling_options
+from actors.http._params import (
+    _OFF_VALUES,
+    RANDOM_SEED,
+    max_tokens,
+    probabilities,
+    sampling_options,
+    stream_options,
+)
 from actors.http._service import Service
 from actors.http._stream import EventStream, unless_disconnected
 
@@ -88,6 +98,10 @@ def prompts_of(value: object, tokenize: Callable[[str], list[int]]) -> list[str 
     return [_one_prompt(value, tokenize)]
 
 
+def _post(options: Mapping[str, Any]) -> bool:
+    return bool(options.get("post_sampling_probs"))
+
+
 def generation_settings(service: Service, options: Mapping[str, Any], stream: bool) -> dict[str, Any]:
     """llama-server's ``generation_settings``: the request's options over the server's defaults."""
     defaults = service.info.get("sampling", {})
@@ -118,6 +132,7 @@ def generation_settings(service: Service, options: Mapping[str, Any], stream: bo
         "ignore_eos": bool(options.get("ignore_eos", False)),
         "stream": stream,
         "n_probs": options.get("logprobs") or 0,
+        "post_sampling_probs": _post(options),
         "min_keep": 0,
         "stop": list(options.get("stop") or ()),
         # Samplers this engine does not have, at the values that turn them off.
@@ -152,7 +167,7 @@ def final_json(
         "timings": timings(completion),
     }
     if not stream and completion.logprobs:
-        body["completion_probabilities"] = logprobs_json(completion.logprobs)
+        body["completion_probabilities"] = logprobs_json(completion.logprobs, _post(options))
     return body
 
 
@@ -170,7 +185,7 @@ def completion_options(service: Service, body: Mapping[str, Any]) -> dict[str, A
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
         raise HttpError(400, "'n_predict' must be an integer")
     options["max_tokens"] = max_tokens(requested, service.limits)
-    return options
+    return probabilities(options)
 
 
 async def completion(request: Request) -> Response | EventStream:
@@ -181,6 +196,7 @@ async def completion(request: Request) -> Response | EventStream:
         raise HttpError(400, "'prompt' is required")
     prompts = prompts_of(body["prompt"], service.tokenize)
     options = completion_options(service, body)
+    streaming, per_token = stream_options(body)
     stream = body.get("stream") is True
     return_tokens = body.get("return_tokens") is True
     if not stream:
@@ -196,19 +212,35 @@ async def completion(request: Request) -> Response | EventStream:
         )
     if len(prompts) > 1:
         raise HttpError(400, "streaming several prompts in one request is not supported; send one each")
-    opened = await open_stream(service, request, prompt=prompts[0], messages=None, options=options)
-    return EventStream(_native_events(service, opened, options))
+    opened = await open_stream(
+        service, request, prompt=prompts[0], messages=None, options={**options, **streaming}
+    )
+    return EventStream(_native_events(service, opened, options, per_token))
 
 
 async def _native_events(
-    service: Service, opened: Opened, options: Mapping[str, Any]
+    service: Service, opened: Opened, options: Mapping[str, Any], per_token: bool
 ) -> AsyncIterator[bytes]:
     n_predicted = 0
     try:
         async for event in opened.events():
-            if isinstance(event, Token):
-                n_predicted += 1
+            if isinstance(event, Progress):
                 chunk: dict[str, Any] = {
+                    "index": 0,
+                    "content": "",
+                    "tokens": [],
+                    "stop": False,
+                    "id_slot": -1,
+                    "tokens_predicted": 0,
+                    "tokens_evaluated": event.total,
+                    "prompt_progress": progress_json(event),
+                }
+                if per_token:
+                    chunk["timings"] = progress_timings(event)
+                yield sse(chunk)
+            elif isinstance(event, Token):
+                n_predicted += 1
+                chunk = {
                     "index": 0,
                     "content": event.text,
                     "tokens": [event.token_id],
@@ -217,7 +249,7 @@ async def _native_events(
                     "tokens_predicted": n_predicted,
                 }
                 if event.logprob is not None:
-                    chunk["completion_probabilities"] = logprobs_json([event.logprob])
+                    chunk["completion_probabilities"] = logprobs_json([event.logprob], _post(options))
                 yield sse(chunk)
             elif isinstance(event, Done):
                 yield sse(final_json(service, event.completion, options, stream=True, tokens=False))
@@ -314,15 +346,18 @@ async def detokenize(request: Request) -> Response:
 
 async def apply_template(request: Request) -> Response:
     """``POST /apply-template``: the chat template applied to ``messages``, as ``prompt``."""
-    from actors.http._params import chat_messages, template_kwargs
+    from actors.http._params import chat_messages, continuation, template_kwargs, tools_option
 
     service: Service = request.app.state.service
     body = await _body(request)
     messages = chat_messages(body.get("messages"))
+    render = {**continuation(body, messages), **tools_option(body)}
     tokenizer = service.need_tokenizer()
     try:
         variables = template_kwargs(service.settings.chat_template_kwargs, body) or None
-        prompt = await service.run(tokenizer.apply_chat_template, messages, variables)
+        prompt = await service.run(
+            functools.partial(tokenizer.apply_chat_template, messages, variables, **render)
+        )
     except EngineError as e:
         raise from_engine_error(e) from None
     return json_response({"prompt": prompt})

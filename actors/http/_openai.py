@@ -7,6 +7,7 @@ Handlers run on the event loop; the engine is reached only through the public he
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import actors
-from actors import Completion, Done, EngineError, Token
+from actors import Completion, Done, EngineError, Progress, Token
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
@@ -25,11 +26,22 @@ from actors.http._generation import (
     finish_reason,
     logprobs_json,
     open_stream,
+    progress_json,
+    progress_timings,
     sse,
     timings,
 )
 from actors.http._native import complete_all, final_json, json_response, prompts_of
-from actors.http._params import chat_messages, max_tokens, sampling_options, template_kwargs
+from actors.http._params import (
+    chat_messages,
+    continuation,
+    max_tokens,
+    probabilities,
+    sampling_options,
+    stream_options,
+    template_kwargs,
+    tools_option,
+)
 from actors.http._service import Service
 from actors.http._stream import EventStream
 
@@ -80,24 +92,7 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
     user = body.get("user")
     if isinstance(user, str) and user and "cache_scope" not in options:
         options["cache_scope"] = f"user:{user}"
-    return options
-
-
-def _check_continuation(body: Mapping[str, Any], messages: list[dict[str, str]]) -> None:
-    """vLLM's ``continue_final_message`` and ``add_generation_prompt``: a final assistant
-    message is always continued here (a prefill), and a new turn always opened otherwise."""
-    add = body.get("add_generation_prompt")
-    cont = body.get("continue_final_message")
-    for name, value in (("add_generation_prompt", add), ("continue_final_message", cont)):
-        if value is not None and not isinstance(value, bool):
-            raise HttpError(400, f"'{name}' must be true or false")
-    if add and cont:
-        raise HttpError(400, "add_generation_prompt and continue_final_message cannot both be true")
-    prefill = len(messages) > 1 and messages[-1]["role"] == "assistant"
-    if cont and not prefill:
-        raise HttpError(400, "continue_final_message needs a final assistant message to continue")
-    if add is False and not prefill:
-        raise HttpError(400, "add_generation_prompt=false is supported with a final assistant message only")
+    return probabilities(options)
 
 
 def _response_format(value: object) -> dict[str, Any]:
@@ -180,6 +175,8 @@ async def completions(request: Request) -> Response | EventStream:
         raise HttpError(400, "'prompt' is required")
     prompts = prompts_of(body["prompt"], service.tokenize)
     options = _options(service, body, chat=False)
+    post = bool(options.get("post_sampling_probs"))
+    streaming, per_token = stream_options(body)
     cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
         if len(prompts) == 1:
@@ -190,7 +187,7 @@ async def completions(request: Request) -> Response | EventStream:
             {
                 "text": done.text,
                 "index": i,
-                "logprobs": {"content": logprobs_json(done.logprobs)} if done.logprobs else None,
+                "logprobs": {"content": logprobs_json(done.logprobs, post)} if done.logprobs else None,
                 "finish_reason": finish_reason(done),
             }
             for i, done in enumerate(dones)
@@ -206,16 +203,31 @@ async def completions(request: Request) -> Response | EventStream:
         )
     if len(prompts) > 1:
         raise HttpError(400, "streaming several prompts in one request is not supported; send one each")
-    opened = await open_stream(service, request, prompt=prompts[0], messages=None, options=options)
-    return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body)))
+    opened = await open_stream(
+        service, request, prompt=prompts[0], messages=None, options={**options, **streaming}
+    )
+    return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body), per_token, post))
 
 
-async def _completion_events(opened: Opened, cmpl_id: str, model: str, usage: bool) -> AsyncIterator[bytes]:
+def _progress(chunk: dict[str, Any], event: Progress, per_token: bool) -> dict[str, Any]:
+    """``chunk`` with llama-server's ``prompt_progress`` (and ``timings``, when asked)."""
+    chunk["prompt_progress"] = progress_json(event)
+    if per_token:
+        chunk["timings"] = progress_timings(event)
+    return chunk
+
+
+async def _completion_events(
+    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool, post: bool
+) -> AsyncIterator[bytes]:
     envelope = _envelope("text_completion", cmpl_id, model)
     try:
         async for event in opened.events():
-            if isinstance(event, Token):
-                logprobs = {"content": logprobs_json([event.logprob])} if event.logprob else None
+            if isinstance(event, Progress):
+                empty = {"text": "", "index": 0, "logprobs": None, "finish_reason": None}
+                yield sse(_progress({**envelope, "choices": [empty]}, event, per_token))
+            elif isinstance(event, Token):
+                logprobs = {"content": logprobs_json([event.logprob], post)} if event.logprob else None
                 choice = {"text": event.text, "index": 0, "logprobs": logprobs, "finish_reason": None}
                 yield sse({**envelope, "choices": [choice]})
             elif isinstance(event, Done):
@@ -237,8 +249,10 @@ async def chat_completions(request: Request) -> Response | EventStream:
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
     messages = chat_messages(body.get("messages"))
-    _check_continuation(body, messages)
-    options = _options(service, body, chat=True)
+    turn = continuation(body, messages)
+    options = {**_options(service, body, chat=True), **turn}
+    post = bool(options.get("post_sampling_probs"))
+    streaming, per_token = stream_options(body)
     cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
         done = await complete(service, request, prompt=None, messages=messages, options=options)
@@ -248,7 +262,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
             "message": {"role": "assistant", "content": done.text},
         }
         if done.logprobs:
-            choice["logprobs"] = {"content": logprobs_json(done.logprobs)}
+            choice["logprobs"] = {"content": logprobs_json(done.logprobs, post)}
         reply = {
             **_envelope("chat.completion", cmpl_id, model),
             "choices": [choice],
@@ -258,15 +272,22 @@ async def chat_completions(request: Request) -> Response | EventStream:
         verbose = body.get("verbose")
         if verbose is True or (verbose is None and service.settings.verbose):  # llama-server's debug view
             prompt = await service.run(
-                service.need_tokenizer().apply_chat_template, messages, options.get("template_kwargs")
+                functools.partial(
+                    service.need_tokenizer().apply_chat_template,
+                    messages,
+                    options.get("template_kwargs"),
+                    **turn,
+                )
             )
             reply["__verbose"] = {
                 **final_json(service, done, options, stream=False, tokens=False),
                 "prompt": prompt,
             }
         return json_response(reply)
-    opened = await open_stream(service, request, prompt=None, messages=messages, options=options)
-    return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body)))
+    opened = await open_stream(
+        service, request, prompt=None, messages=messages, options={**options, **streaming}
+    )
+    return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body), per_token, post))
 
 
 async def input_tokens(request: Request) -> Response:
@@ -276,11 +297,12 @@ async def input_tokens(request: Request) -> Response:
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
     messages = chat_messages(body.get("messages"))
+    render = {**continuation(body, messages), **tools_option(body)}
     variables = template_kwargs(service.settings.chat_template_kwargs, body) or None
     tokenizer = service.need_tokenizer()
 
     def count() -> int:
-        prompt = tokenizer.apply_chat_template(messages, variables)
+        prompt = tokenizer.apply_chat_template(messages, variables, **render)
         return len(tokenizer.tokenize(prompt, add_special=True, parse_special=True))
 
     try:
@@ -289,19 +311,27 @@ async def input_tokens(request: Request) -> Response:
         raise from_engine_error(e) from None
 
 
-async def _chat_events(opened: Opened, cmpl_id: str, model: str, usage: bool) -> AsyncIterator[bytes]:
+async def _chat_events(
+    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool, post: bool
+) -> AsyncIterator[bytes]:
     envelope = _envelope("chat.completion.chunk", cmpl_id, model)
 
-    def chunk(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
+    def choices(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
         choice = {"finish_reason": None, "index": 0, "delta": delta, **(extra or {})}
-        return sse({**envelope, "choices": [choice]})
+        return {**envelope, "choices": [choice]}
+
+    def chunk(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
+        return sse(choices(delta, extra))
 
     yield chunk({"role": "assistant", "content": None})
     try:
         async for event in opened.events():
-            if isinstance(event, Token):
+            if isinstance(event, Progress):  # llama-server's: the role delta, with the progress
+                yield sse(_progress(choices({"role": "assistant", "content": None}), event, per_token))
+            elif isinstance(event, Token):
                 if event.text or event.logprob:
-                    extra = {"logprobs": {"content": logprobs_json([event.logprob])}} if event.logprob else {}
+                    probs = {"content": logprobs_json([event.logprob], post)} if event.logprob else None
+                    extra = {"logprobs": probs} if probs else {}
                     yield chunk({"content": event.text}, extra)
             elif isinstance(event, Done):
                 done = event.completion

@@ -15,7 +15,18 @@ from typing import Any
 
 from actors.http._errors import HttpError
 
-__all__ = ["RANDOM_SEED", "Limits", "chat_messages", "max_tokens", "sampling_options", "template_kwargs"]
+__all__ = [
+    "RANDOM_SEED",
+    "Limits",
+    "chat_messages",
+    "continuation",
+    "max_tokens",
+    "probabilities",
+    "sampling_options",
+    "stream_options",
+    "template_kwargs",
+    "tools_option",
+]
 
 # Scopes of requests that asked not to share their KV (cache_prompt: false).
 _PRIVATE_SCOPES = itertools.count()
@@ -204,11 +215,57 @@ def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int
     n_probs = _int(body, "n_probs")
     if n_probs:
         options["logprobs"] = n_probs
+    if _bool(body, "post_sampling_probs"):
+        options["post_sampling_probs"] = True  # kept by probabilities() if logprobs are asked for
     cache_prompt = _bool(body, "cache_prompt")
     if cache_prompt is False:
         # Its own cache scope: it reuses no one's KV and no one reuses its own.
         options["cache_scope"] = f"private:{next(_PRIVATE_SCOPES)}"
     return options
+
+
+def probabilities(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` once the endpoint has set its ``logprobs``: llama-server's
+    ``post_sampling_probs`` changes which probabilities are reported, and is dropped when
+    none are (the engine refuses it alone)."""
+    if "logprobs" not in options:
+        options.pop("post_sampling_probs", None)
+    return options
+
+
+def stream_options(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A stream's engine options and whether its chunks carry ``timings``: llama-server's
+    ``return_progress`` (prompt-progress events: the engine's ``progress``) and
+    ``timings_per_token``; checked for type whether the request streams or not."""
+    progress = _bool(body, "return_progress")
+    per_token = _bool(body, "timings_per_token")
+    return ({"progress": True} if progress else {}), per_token is True
+
+
+def continuation(body: Mapping[str, Any], messages: list[dict[str, str]]) -> dict[str, Any]:
+    """llama-server's ``add_generation_prompt`` and ``continue_final_message`` (vLLM's):
+    a final assistant message is always continued (a prefill); otherwise the assistant's
+    turn is opened unless ``add_generation_prompt`` is false. The engine's option, if any."""
+    add = _bool(body, "add_generation_prompt")
+    cont = _bool(body, "continue_final_message")
+    if add and cont:
+        raise _fail("add_generation_prompt and continue_final_message cannot both be true")
+    prefill = len(messages) > 1 and messages[-1]["role"] == "assistant"
+    if cont and not prefill:
+        raise _fail("continue_final_message needs a final assistant message to continue")
+    return {"add_generation_prompt": False} if add is False and not prefill else {}
+
+
+def tools_option(body: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``tools`` for a template's render (``/apply-template``, the input token
+    count): llama-server passes a non-empty list to the template, as is. Only the type is
+    checked here; the tokenizer checks size and depth."""
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return {}
+    if not isinstance(tools, list) or not all(isinstance(tool, Mapping) for tool in tools):
+        raise _fail("'tools' must be a list of objects")
+    return {"tools": tools}
 
 
 def template_kwargs(defaults: tuple[tuple[str, Any], ...], body: Mapping[str, Any]) -> dict[str, Any]:

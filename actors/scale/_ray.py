@@ -42,7 +42,7 @@ import telemetry
 from actors.backend._tokenizer import Tokenizer
 from actors.contract._errors import EngineError, EngineStopped, QueueFull, RequestTimeout
 from actors.contract._messages import Cancel, Drain, GetInfo, GetTokenizer, StreamMessage, SubmitMessage
-from actors.contract._results import Done, Failed, Token
+from actors.contract._results import Done, Failed, Progress, Token
 from actors.engine._delivery import courier
 from actors.scale._replica import Relay, ReplicaDown, Tracked
 
@@ -83,7 +83,7 @@ class _Outbox:
     def __init__(self, q: queue.Queue[Any]) -> None:
         self._q = q
 
-    def put(self, event: Token | Done | Failed) -> None:
+    def put(self, event: Progress | Token | Done | Failed) -> None:
         self._q.put(("event", event))
 
 
@@ -374,10 +374,10 @@ class RayReplica:
             return
         self._died(EngineStopped("the outbox ended"))  # a generator that ends: the actor is gone
 
-    def _deliver(self, event: Token | Done | Failed) -> None:
+    def _deliver(self, event: Progress | Token | Done | Failed) -> None:
         with self._lock:
             relay = self._streams.get(event.request_id)
-            if relay is not None and not isinstance(event, Token):
+            if relay is not None and isinstance(event, Done | Failed):
                 del self._streams[event.request_id]
         if relay is None:  # abandoned (its consumer failed) or from before a restart
             return

@@ -28,7 +28,7 @@ from actors.contract._messages import (
     _Submit,
     put_nowait,
 )
-from actors.contract._results import Done, Failed, Token
+from actors.contract._results import Done, Failed, Progress, Token
 
 __all__ = ["LocalReplica", "Relay", "Replica", "ReplicaDown", "Tracked"]
 
@@ -107,7 +107,7 @@ class Relay:
         """Called when the replica refuses the stream with QueueFull: True when the request
         went to another replica (whose events come here too), so the Failed is dropped."""
 
-    def put(self, event: Token | Done | Failed) -> None:
+    def put(self, event: Progress | Token | Done | Failed) -> None:
         full = isinstance(event, Failed) and isinstance(event.error, QueueFull)
         if full and self.on_full is not None:
             on_full, self.on_full = self.on_full, None  # once: a held Failed comes back here
@@ -123,7 +123,7 @@ class Relay:
         except BaseException:
             self._on_settle()
             raise
-        if not isinstance(event, Token):
+        if isinstance(event, Done | Failed):
             self._on_settle()
 
     def on_abandon(self) -> None:

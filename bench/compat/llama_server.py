@@ -9,7 +9,10 @@ it would download. This script replaces every model *download* flag with
 - ``COMPAT_SERVER=llama-server`` (the default): ``bench/.peers/llama-server``, or
   ``$COMPAT_LLAMA_SERVER``;
 - ``COMPAT_SERVER=ours``: ``llama-cpp-actors serve`` from the repository's venv, or
-  ``$COMPAT_OURS`` (a path to the ``llama-cpp-actors`` script).
+  ``$COMPAT_OURS`` (a path to the ``llama-cpp-actors`` script). This checkout goes first
+  on the server's ``PYTHONPATH``, so it runs this checkout's ``actors`` even when the
+  script belongs to another checkout's venv (a git worktree's, whose editable install
+  points elsewhere).
 
 Rewritten flags:
 
@@ -100,10 +103,22 @@ def server_command() -> list[str]:
     sys.exit(f"compat wrapper: COMPAT_SERVER must be 'llama-server' or 'ours', not {which!r}")
 
 
+def server_env() -> dict[str, str]:
+    """The environment to exec the server with: for ours, this checkout first on PYTHONPATH."""
+    env = dict(os.environ)
+    if os.environ.get("COMPAT_SERVER") == "ours":
+        # The suite sets PYTHONPATH to its plugin's directory only; an editable install's
+        # finder comes after sys.path, so this checkout wins over the one it points to.
+        env["PYTHONPATH"] = os.pathsep.join(
+            part for part in (str(REPO), os.environ.get("PYTHONPATH", "")) if part
+        )
+    return env
+
+
 def main() -> None:
     command = [*server_command(), *rewrite(sys.argv[1:], default_model)]
     print("compat wrapper: exec " + " ".join(command), file=sys.stderr, flush=True)
-    os.execv(command[0], command)
+    os.execve(command[0], command, server_env())
 
 
 if __name__ == "__main__":
