@@ -7,7 +7,6 @@ Runs on the event loop; pure functions of the JSON body and the server's limits.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,9 +26,6 @@ __all__ = [
     "template_kwargs",
     "tools_option",
 ]
-
-# Scopes of requests that asked not to share their KV (cache_prompt: false).
-_PRIVATE_SCOPES = itertools.count()
 
 # Text keys of logit_bias are tokenized on the event loop: bounded, like a prompt is.
 _MAX_BIAS_TEXT = 64 * 1024
@@ -217,10 +213,8 @@ def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int
         options["logprobs"] = n_probs
     if _bool(body, "post_sampling_probs"):
         options["post_sampling_probs"] = True  # kept by probabilities() if logprobs are asked for
-    cache_prompt = _bool(body, "cache_prompt")
-    if cache_prompt is False:
-        # Its own cache scope: it reuses no one's KV and no one reuses its own.
-        options["cache_scope"] = f"private:{next(_PRIVATE_SCOPES)}"
+    if _bool(body, "cache_prompt") is False:
+        options["cache_prompt"] = False  # it reuses no one's KV and leaves none of its own
     return options
 
 
