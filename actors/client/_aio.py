@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pykka
 
@@ -93,11 +93,13 @@ async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> 
     except pykka.ActorDeadError as e:
         raise EngineStopped(f"the engine is not running: {e}") from None
     finished = False
+    ends = message.n  # a Done or Failed for each choice
     try:
         while True:
             event = await _next(target, channel.queue, deadline, timeout)
             if isinstance(event, Done | Failed):
-                finished = True
+                ends -= 1
+                finished = ends == 0
             yield event
             if finished:
                 return
@@ -149,16 +151,27 @@ def _stream_message(prompt: str | Sequence[int], options: dict[str, Any]) -> Any
     return lambda channel: StreamTokens(prompt, reply_to=channel, **options)
 
 
-async def _complete(ref: Any, make: Any, timeout: float | None) -> Completion:
+async def _complete(ref: Any, make: Any, timeout: float | None) -> Completion | tuple[Completion, ...]:
+    """The Completion, or with ``n`` > 1 the tuple of them in choice order."""
+    done: list[Completion] = []
     # aclosing: a task cancelled here cancels the request now, not when the loop
     # finalizes the abandoned generator.
     async with contextlib.aclosing(_events(ref, make, timeout, each=False)) as events:
         async for event in events:
             if isinstance(event, Done):
-                return event.completion
-            if isinstance(event, Failed):
+                done.append(event.completion)
+            elif isinstance(event, Failed):
                 raise event.error
-    raise EngineStopped("the stream ended without a result")  # unreachable: _events ends on Done/Failed
+    if not done:
+        raise EngineStopped("the stream ended without a result")  # unreachable: _events ends on Done/Failed
+    return done[0] if len(done) == 1 else tuple(sorted(done, key=lambda c: c.index))
+
+
+def _one_text(name: str, options: Mapping[str, Any]) -> None:
+    if options.get("n", 1) != 1:
+        raise InvalidRequest(
+            f"{name} gives one text: n must be 1 (for n > 1 use astream_events and each event's index)"
+        )
 
 
 async def _texts(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[str]:
@@ -171,15 +184,24 @@ async def _texts(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[st
                 raise event.error
 
 
+@overload
 async def agenerate(
-    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = None, **options: Any
-) -> Completion:
+    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = ..., n: Literal[1] = ..., **options: Any
+) -> Completion: ...
+@overload
+async def agenerate(
+    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = ..., n: int, **options: Any
+) -> tuple[Completion, ...]: ...
+async def agenerate(
+    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = None, n: int = 1, **options: Any
+) -> Completion | tuple[Completion, ...]:
     """Await the ``Completion`` of ``prompt``; as ``generate`` but on the event loop.
 
     ``timeout`` bounds the whole await, from the call to its return; when it passes the
-    request is cancelled and ``RequestTimeout`` raised.
+    request is cancelled and ``RequestTimeout`` raised. With ``n`` > 1, the tuple of
+    ``n`` completions in choice order.
     """
-    return await _complete(ref, _stream_message(prompt, options), timeout)
+    return await _complete(ref, _stream_message(prompt, {**options, "n": n}), timeout)
 
 
 def astream(
@@ -187,23 +209,47 @@ def astream(
 ) -> AsyncIterator[str]:
     """Async-iterate the text pieces of a completion; leaving the loop early cancels it.
 
-    Invalid options raise ``InvalidRequest`` at the first iteration. ``timeout`` bounds
-    the wait for each next piece (the first one's counts a restart under way too).
+    Invalid options raise ``InvalidRequest`` at the first iteration (``n`` > 1 at once:
+    use :func:`astream_events`). ``timeout`` bounds the wait for each next piece (the
+    first one's counts a restart under way too).
     """
+    _one_text("astream", options)
     return _texts(ref, _stream_message(prompt, options), timeout)
 
 
+@overload
 async def achat(
-    ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None, **options: Any
-) -> Completion:
-    """Await the reply to a conversation; as ``chat`` but on the event loop (``timeout`` as ``agenerate``)."""
-    return await _complete(ref, lambda channel: StreamChat(messages, reply_to=channel, **options), timeout)
+    ref: Any,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None = ...,
+    n: Literal[1] = ...,
+    **options: Any,
+) -> Completion: ...
+@overload
+async def achat(
+    ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = ..., n: int, **options: Any
+) -> tuple[Completion, ...]: ...
+async def achat(
+    ref: Any,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None = None,
+    n: int = 1,
+    **options: Any,
+) -> Completion | tuple[Completion, ...]:
+    """Await the reply to a conversation; as ``chat`` but on the event loop (``timeout``
+    and ``n`` as ``agenerate``)."""
+    return await _complete(
+        ref, lambda channel: StreamChat(messages, reply_to=channel, n=n, **options), timeout
+    )
 
 
 def astream_chat(
     ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None, **options: Any
 ) -> AsyncIterator[str]:
-    """Async-iterate the reply to a conversation piece by piece."""
+    """Async-iterate the reply to a conversation piece by piece (``n`` must be 1)."""
+    _one_text("astream_chat", options)
     return _texts(ref, lambda channel: StreamChat(messages, reply_to=channel, **options), timeout)
 
 
@@ -228,6 +274,8 @@ def astream_events(
     """Async-iterate a request's events: every ``Token`` (with its id and logprobs), then
     the ``Done`` that carries the ``Completion``; a failure raises its ``EngineError``.
     With ``progress=True``, ``Progress`` events come first, while the prompt is prefilled.
+    With ``n`` > 1 the choices' events interleave, each with its ``index``, and the
+    iteration ends after the ``n``-th ``Done``.
 
     For callers that need more than the text, such as an HTTP server. Give ``prompt``
     (text or token ids) or ``messages`` (a conversation for the chat template).

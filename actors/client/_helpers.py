@@ -17,11 +17,11 @@ import contextlib
 import queue
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, overload, runtime_checkable
 
 import pykka
 
-from actors.contract._errors import EngineStopped, RequestTimeout
+from actors.contract._errors import EngineStopped, InvalidRequest, RequestTimeout
 from actors.contract._messages import (
     Chat,
     Generate,
@@ -93,14 +93,26 @@ def _target(ref: Any, deadline: float | None = None) -> Any:
         raise EngineStopped(str(e)) from None
 
 
+@overload
+def generate(
+    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = ..., n: Literal[1] = ..., **options: Any
+) -> Completion: ...
+@overload
+def generate(
+    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = ..., n: int, **options: Any
+) -> tuple[Completion, ...]: ...
 def generate(
     ref: Any,
     prompt: str | Sequence[int],
     *,
     timeout: float | None = None,
+    n: int = 1,
     **options: Any,
-) -> Completion:
+) -> Completion | tuple[Completion, ...]:
     """Complete ``prompt`` (text or token ids) and wait for the ``Completion``.
+
+    With ``n`` > 1 the prompt is prefilled once and ``n`` completions are sampled, each
+    on its own (seed + i when a seed is given): the tuple of them, in choice order.
 
     Args:
         ref: the server: a ServerActor's ref, a ``Supervisor`` or a ``ServerPool``.
@@ -113,26 +125,44 @@ def generate(
     Raises:
         InvalidRequest, QueueFull: at admission. EngineError: the request failed.
     """
-    message = Generate(prompt, **options) if isinstance(prompt, str) else GenerateTokens(prompt, **options)
+    message = (
+        Generate(prompt, n=n, **options)
+        if isinstance(prompt, str)
+        else GenerateTokens(prompt, n=n, **options)
+    )
     return _complete(ref, message, timeout)
 
 
+@overload
+def chat(
+    ref: Any,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None = ...,
+    n: Literal[1] = ...,
+    **options: Any,
+) -> Completion: ...
+@overload
+def chat(
+    ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = ..., n: int, **options: Any
+) -> tuple[Completion, ...]: ...
 def chat(
     ref: Any,
     messages: Sequence[Mapping[str, str]],
     *,
     timeout: float | None = None,
+    n: int = 1,
     **options: Any,
-) -> Completion:
+) -> Completion | tuple[Completion, ...]:
     """Complete a conversation (rendered with the model's chat template) and wait.
 
     ``messages`` are ``{"role": "system" | "user" | "assistant", "content": str}``
-    dicts; everything else is as :func:`generate`.
+    dicts; everything else (``n`` too) is as :func:`generate`.
     """
-    return _complete(ref, Chat(messages, **options), timeout)
+    return _complete(ref, Chat(messages, n=n, **options), timeout)
 
 
-def _complete(ref: Any, message: SubmitMessage, timeout: float | None) -> Completion:
+def _complete(ref: Any, message: SubmitMessage, timeout: float | None) -> Completion | tuple[Completion, ...]:
     deadline = _deadline(timeout)
     target = _target(ref, deadline)
     timed_out = f"no completion within {timeout} s; request cancelled"
@@ -143,7 +173,7 @@ def _complete(ref: Any, message: SubmitMessage, timeout: float | None) -> Comple
         future = _wait_for(
             target, lambda wait: admitted.get(timeout=wait), pykka.Timeout, deadline, timed_out
         )  # fmt: skip
-        completion: Completion = _wait_for(
+        completion: Completion | tuple[Completion, ...] = _wait_for(
             target, lambda wait: future.get(timeout=wait), pykka.Timeout, deadline, timed_out
         )  # fmt: skip
     except RequestTimeout:
@@ -231,6 +261,10 @@ def _stream_events(
     events: queue.Queue[Progress | Token | Done | Failed],
     timeout: float | None,
 ) -> Iterator[str]:
+    if message.n != 1:
+        raise InvalidRequest(
+            "stream gives one text: n must be 1 (for n > 1 send Stream(..., n=) and read each event's index)"
+        )
     deadline = _deadline(timeout)  # the first piece's wait counts a restart under way
     target = _target(ref, deadline)
     try:

@@ -20,6 +20,7 @@ from actors.contract._gbnf import MAX_GRAMMAR_BYTES, check_grammar
 
 __all__ = [
     "MAX_CHAT_MESSAGES",
+    "MAX_CHOICES",
     "MAX_ID_LENGTH",
     "MAX_LOGIT_BIAS",
     "MAX_LOGPROBS",
@@ -39,6 +40,8 @@ _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs=k`` may ask for per token."""
+MAX_CHOICES = 16
+"""The most completions ``n`` one request may ask for."""
 MAX_STOP_STRINGS = 32
 MAX_STOP_LENGTH = 256
 """Stop strings per request, and characters per stop string, at most."""

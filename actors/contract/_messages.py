@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from actors.contract._checks import (
     _INT64_MAX,
+    MAX_CHOICES,
     MAX_ID_LENGTH,
     MAX_LOGPROBS,
     MAX_STOP_LENGTH,
@@ -156,6 +157,7 @@ class _RequestMessage:
     cache_scope: str | None = None
     session: str | None = None
     cache_prompt: bool = True
+    n: int = 1
     truncate: bool = False
     n_keep: int = 0
     deadline_s: float | None = None
@@ -198,6 +200,10 @@ class _RequestMessage:
         _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens must be an int >= 0")
         _require(isinstance(self.ignore_eos, bool), "ignore_eos must be a bool")
         _require(isinstance(self.cache_prompt, bool), "cache_prompt must be a bool")
+        _require(
+            _is_int(self.n) and 1 <= self.n <= MAX_CHOICES,
+            f"n (completions of the prompt) must be an int from 1 to {MAX_CHOICES}, got {_show(self.n)}",
+        )
         for name in ("cache_scope", "session"):
             value = getattr(self, name)
             if value is not None:

@@ -53,7 +53,8 @@ class Completion:
 
     ``ttft_ms`` is the time from admission to the first generated token (equal to
     ``duration_ms`` when none came); ``prefix_cache_tokens`` prompt tokens were
-    reused from the KV cache instead of being decoded.
+    reused from the KV cache instead of being decoded. ``index`` is the choice, of a
+    request with ``n`` > 1 (0 otherwise).
     """
 
     request_id: str
@@ -67,6 +68,7 @@ class Completion:
     duration_ms: float
     stop_string: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +77,14 @@ class Token:
 
     ``text`` may be empty while a character is incomplete or while text that could
     start a stop string is held back; the pieces join to exactly ``Completion.text``.
+    ``index`` is the choice it belongs to, of a request with ``n`` > 1 (0 otherwise).
     """
 
     request_id: str
     text: str
     token_id: int
     logprob: TokenLogprob | None = None
+    index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +113,17 @@ class Progress:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """The last event of a successful stream."""
+    """The last event of a successful stream (of each choice, ``index``, when ``n`` > 1)."""
 
     request_id: str
     completion: Completion
+    index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The last event of a failed stream."""
+    """The last event of a failed stream (of each choice, ``index``, when ``n`` > 1)."""
 
     request_id: str
     error: EngineError
+    index: int = 0

@@ -15,18 +15,19 @@ import time
 
 import pykka
 
-import telemetry
 from actors.contract._errors import EngineStopped, InvalidRequest, QueueFull
-from actors.contract._messages import STREAMING, ReplyTo, RequestMessage, _CancelExact
+from actors.contract._messages import STREAMING, ReplyTo, RequestMessage, SamplingParams, _CancelExact
 from actors.engine._forward import ForwardPass
 from actors.engine._output import TextStream
 from actors.engine._prepare import Prepared, fit_prompt
-from actors.engine._slots import Request, Slot
+from actors.engine._slots import Choices, Request, Slot
 from strategies import SlotState
 
 __all__ = ["Admission"]
 
 _log = logging.getLogger("llama_cpp_actors.engine")
+
+_SEEDS = 2**32 - 1  # seeds are 0 .. 2**32 - 2 (2**32 - 1 asks llama.cpp for a random one)
 
 
 class Admission(ForwardPass):
@@ -53,7 +54,9 @@ class Admission(ForwardPass):
         message = prepared.message
         if self.draining:
             raise EngineStopped("the engine is draining: it takes no new requests")
-        if message.request_id in self.requests:
+        n = message.n
+        keys = [message.request_id, *(f"{message.request_id}#{i}" for i in range(1, n))]
+        if message.request_id in self.choices or any(key in self.requests for key in keys):
             raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
         if isinstance(message, STREAMING) != (reply_to is not None):
             raise InvalidRequest("internal: reply path does not match the message")
@@ -68,28 +71,55 @@ class Admission(ForwardPass):
         if bias and max(bias) >= backend.n_vocab:
             raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
         free = [slot for slot in self.slots if slot.state is SlotState.IDLE]
-        if not free and len(self.waiting) >= self.config.max_queue:
+        if len(self.waiting) + max(0, n - len(free)) > self.config.max_queue or (
+            not free and len(self.waiting) >= self.config.max_queue
+        ):
             raise QueueFull(f"all {len(self.slots)} slots busy and {len(self.waiting)} requests waiting")
         params = self.config.defaults.merged(message)
         if prepared.grammar is not None:
             params = dataclasses.replace(params, grammar=prepared.grammar)
-        sampler = backend.make_sampler(params, bias, prompt)
         self._arrivals += 1
-        request = Request(message, prompt, params, self._arrivals, sampler, future, reply_to)
+        requests = [self._request(prepared, prompt, params, bias, i, future, reply_to) for i in range(n)]
+        if n > 1:
+            group = Choices(requests, future, [None] * n)
+            self.choices[message.request_id] = group
+            for request in requests:
+                request.choices, request.future = group, None
+        leader = requests[0]
+        if free and not self.waiting and not self.memory.worth_waiting(leader, self.slots):
+            self._start(leader, free)
+        else:
+            self._enqueue(leader)
+        for request in requests[1:]:  # they copy the leader's prompt once it is computed
+            self._enqueue(request)
+
+    def _request(
+        self,
+        prepared: Prepared,
+        prompt: list[int],
+        params: SamplingParams,
+        bias: dict[int, float] | None,
+        index: int,
+        future: pykka.ThreadingFuture[object] | None,
+        reply_to: ReplyTo | None,
+    ) -> Request:
+        """Choice ``index`` of an admitted request: its own sampler (seed + index), in the table."""
+        message = prepared.message
+        if index and params.seed is not None:
+            params = dataclasses.replace(params, seed=(params.seed + index) % _SEEDS)
+        sampler = self.backend.make_sampler(params, bias, prompt)
+        request = Request(message, prompt, params, self._arrivals, sampler, future, reply_to, index=index)
         request.text = TextStream(message.stop or (), message.min_tokens)
         if message.logprobs is not None:
             request.logprobs = []
         if reply_to is not None:
             request.on_stall = functools.partial(self._stalled, message)
-            request.progress = getattr(message, "progress", False)
-        self.requests[request.request_id] = request
+            request.progress = getattr(message, "progress", False) and index == 0
+        self.requests[request.key] = request
         if message.deadline_s is not None:
             request.deadline = request.t_admitted + message.deadline_s
             self._n_deadlines += 1
-        if free and not self.waiting and not self.memory.worth_waiting(request, self.slots):
-            self._start(request, free)
-        else:
-            self._enqueue(request)
+        return request
 
     def _stalled(self, message: RequestMessage) -> None:
         """A stream's consumer stopped reading: cancel it (the courier's thread)."""
@@ -108,30 +138,18 @@ class Admission(ForwardPass):
     def _start(self, request: Request, idle: list[Slot]) -> None:
         """Give ``request`` an idle slot, reusing the longest cached prefix."""
         slot, n_reuse = self.memory.claim(request, idle, self._purge_idle)
-        slot.request = request
-        slot.state = SlotState.PREFILLING
-        request.seq_id = slot.seq_id
-        if not request.started:  # a request resumed after a preemption was announced already
-            request.started = True
-            request.prefix_cache_tokens = n_reuse
-            request.t_started = time.monotonic()
-            if telemetry.request_start.receivers:
-                self._send(
-                    telemetry.request_start,
-                    {"prompt_tokens": len(request.prompt), "prefix_cache_tokens": n_reuse},
-                    {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
-                )
-        if request.progress and not request.token_ids:
-            request.prefill_cached = n_reuse
-            self._progress(slot)  # last: a consumer that is gone cancels the request here
+        self._occupy(slot, request, n_reuse)
 
     def cancel(self, request_id: str, message: object = None) -> None:
         """Cancel a queued or running request; an unknown id is ignored, and so is a
         request not admitted from ``message`` when one is given."""
-        request = self.requests.get(request_id)
-        if request is None or (message is not None and request.message is not message):
-            return
-        self._stop_request(request, "cancelled")
+        group = self.choices.get(request_id)
+        requests = group.requests if group is not None else [self.requests.get(request_id)]
+        for request in requests:
+            if request is None or (message is not None and request.message is not message):
+                return
+            if request.key in self.requests:
+                self._stop_request(request, "cancelled")
 
     def _expire(self) -> None:
         """End every request past its ``deadline_s``, queued or running: ``"timeout"``."""
@@ -161,7 +179,7 @@ class Admission(ForwardPass):
         for request in self.waiting:
             if request.message.priority != priority:
                 break
-            if self.memory.worth_waiting(request, self.slots):
+            if self._follows(request) or self.memory.worth_waiting(request, self.slots):
                 continue
             if request.session is not None and (request.scope, request.session) in sessions:
                 return request
@@ -171,20 +189,10 @@ class Admission(ForwardPass):
                     break
         return chosen
 
-    def _kv_room_for(self, request: Request) -> bool:
-        """Admit only what the KV cells can hold beside the running requests' next tokens.
-
-        Without this a preempted request would take its slot back at once, find no
-        room for its prefill and push another request out: thrashing. Idle caches do
-        not count: they are dropped on demand.
-        """
-        busy = [slot for slot in self.slots if slot.request is not None]
-        if not busy:
-            return True
-        memory = self.memory
-        held = memory.cells.used - memory.idle_cells(self.slots)  # a shared cell counts once
-        # A prefilling slot will soon hold its whole context; the new request shares
-        # what busy slots hold of its prompt.
-        coming = sum(max(0, len(slot.request.context) - len(slot.cached)) for slot in busy if slot.request)
-        need = len(request.context) - memory.reusable(request, self.slots)
-        return held + coming + len(busy) + need <= self.backend.n_ctx
+    def _follows(self, request: Request) -> bool:
+        """A choice i > 0 waits while its leader has not sampled (then ``_fork`` copies it)."""
+        group = request.choices
+        if group is None or request.index == 0:
+            return False
+        leader = group.leader
+        return leader.t_first_token is None and leader.key in self.requests

@@ -15,7 +15,7 @@ import telemetry
 from actors.contract._errors import EngineError
 from actors.contract._results import Completion, Done, Failed, StopReason, Token
 from actors.engine._delivery import courier, settle
-from actors.engine._slots import Request, Slot
+from actors.engine._slots import Choices, Request, Slot
 from actors.engine._state import EngineState
 from strategies import SlotState
 
@@ -87,10 +87,11 @@ class Finishing(EngineState):
             duration_ms=duration_ms,
             stop_string=request.stop_string,
             logprobs=tuple(request.logprobs) if request.logprobs is not None else None,
+            index=request.index,
         )
 
     def _forget(self, request: Request) -> None:
-        self.requests.pop(request.request_id, None)
+        self.requests.pop(request.key, None)
         if request.deadline is not None:
             self._n_deadlines -= 1
             request.deadline = None
@@ -98,15 +99,27 @@ class Finishing(EngineState):
         request.t_finished = time.monotonic()
 
     def _deliver(self, request: Request, completion: Completion) -> None:
+        group = request.choices
+        if group is not None:
+            group.results[request.index] = completion
+            if group.future is not None and not group.failed and all(r is not None for r in group.results):
+                settle(group.future, tuple(group.results))
+            self._settled(group)
         if request.future is not None:
             settle(request.future, completion)
         elif request.reply_to is not None:
             flushed = len(request.pieces) > len(request.token_ids)
             if flushed and not self._put(
-                request, Token(request.request_id, request.pieces[-1], request.token_ids[-1])
+                request,
+                Token(request.request_id, request.pieces[-1], request.token_ids[-1], index=request.index),
             ):
                 return
-            self._put(request, Done(request.request_id, completion))
+            self._put(request, Done(request.request_id, completion, request.index))
+
+    def _settled(self, group: Choices) -> None:
+        """Forget a request's choices once each has its outcome."""
+        if all(r.key not in self.requests for r in group.requests):
+            self.choices.pop(group.leader.request_id, None)
 
     def _fail(self, slot: Slot, error: EngineError) -> None:
         """Fail the slot's request and drop its KV (it may be half written)."""
@@ -125,22 +138,40 @@ class Finishing(EngineState):
             self._send(telemetry.request_exception, self._measurements(request), metadata)
 
     def _deliver_error(self, request: Request, error: EngineError) -> None:
+        group = request.choices
+        if group is not None and not group.failed:
+            # One choice failed: the request did, so every other choice fails with it.
+            group.failed = True
+            if group.future is not None:
+                settle(group.future, error=error)
+            for other in group.requests:
+                if other is not request and other.key in self.requests:
+                    self._fail_request(other, error)
+        if group is not None:
+            self._settled(group)
         if request.future is not None:
             settle(request.future, error=error)
         elif request.reply_to is not None:
-            self._put(request, Failed(request.request_id, error))
+            self._put(request, Failed(request.request_id, error, request.index))
+
+    def _fail_request(self, request: Request, error: EngineError) -> None:
+        """Fail a request wherever it is: in a slot, or waiting (queued or preempted)."""
+        if request.seq_id >= 0:
+            self._fail(self.slots[request.seq_id], error)
+            return
+        self.waiting.remove(request)
+        self._forget(request)
+        if request.started:
+            self._emit_exception(request, error)
+        self._deliver_error(request, error)
 
     def fail_all(self, error: EngineError) -> None:
         """Fail every running and queued request (engine stopping)."""
         for slot in self.slots:
             if slot.state is not SlotState.IDLE:
                 self._fail(slot, error)
-        while self.waiting:
-            request = self.waiting.popleft()
-            self._forget(request)
-            if request.started:  # preempted: it had a start, it gets its end
-                self._emit_exception(request, error)
-            self._deliver_error(request, error)
+        while self.waiting:  # preempted ones had a start: they get their end
+            self._fail_request(self.waiting[0], error)
 
     @staticmethod
     def _timings(request: Request) -> tuple[float, float]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import time
 
+import telemetry
 from actors.contract._errors import DecodeError, EngineError
 from actors.engine._batch import Segment
 from actors.engine._sampling import Sampling
-from actors.engine._slots import Slot
+from actors.engine._slots import Request, Slot
 from strategies import SlotState
 
 __all__ = ["ForwardPass"]
@@ -85,12 +86,76 @@ class ForwardPass(Sampling):
                 if wants and not self._progress(slot):
                     continue
             if segment.logits_row >= 0:
-                try:
-                    self._sample(slot, segment.logits_row - start)
-                except Exception as e:  # one request's sampler broke: fail it alone
-                    _log.exception("sampling failed for %s", slot.request and slot.request.request_id)
-                    if slot.request is not None:
-                        self._fail(slot, EngineError(f"sampling failed: {e!r}"))
+                request = slot.request
+                first = request is not None and request.t_first_token is None
+                self._sample_alone(slot, segment.logits_row - start)
+                if first and request is not None and request.choices is not None and request.index == 0:
+                    self._fork(slot, request, segment.logits_row - start)
+
+    def _sample_alone(self, slot: Slot, row: int) -> None:
+        """Sample ``row`` for the slot; a sampler that breaks fails its request alone."""
+        try:
+            self._sample(slot, row)
+        except Exception as e:
+            _log.exception("sampling failed for %s", slot.request and slot.request.request_id)
+            if slot.request is not None:
+                self._fail(slot, EngineError(f"sampling failed: {e!r}"))
+
+    def _occupy(self, slot: Slot, request: Request, n_reuse: int) -> None:
+        """``request`` enters ``slot``, which holds ``n_reuse`` of its tokens already."""
+        slot.request = request
+        slot.state = SlotState.PREFILLING
+        request.seq_id = slot.seq_id
+        if not request.started:  # a request resumed after a preemption was announced already
+            request.started = True
+            request.prefix_cache_tokens = n_reuse
+            request.t_started = time.monotonic()
+            if telemetry.request_start.receivers:
+                self._send(
+                    telemetry.request_start,
+                    {"prompt_tokens": len(request.prompt), "prefix_cache_tokens": n_reuse},
+                    {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
+                )
+        if request.progress and not request.token_ids:
+            request.prefill_cached = n_reuse
+            self._progress(slot)  # last: a consumer that is gone cancels the request here
+
+    def _fork(self, leader: Slot, request: Request, row: int) -> None:
+        """The leader of ``n`` choices sampled its first token: every other choice that a
+        slot and the KV cells can take now copies the leader's prompt cells and samples
+        the same logits row with its own sampler, so all n start in this tick. The rest
+        start later from the queue, copying the prompt from the leader's slot (the leader
+        may have ended with its first token: its slot still holds the prompt)."""
+        if request.choices is None or leader.cached[: len(request.prompt)] != request.prompt:
+            return  # it failed, and its KV went with it
+        for choice in request.choices.requests[1:]:
+            if choice.started or choice.key not in self.requests:
+                continue
+            idle = [s for s in self.slots if s.state is SlotState.IDLE and s is not leader]
+            if not idle or not self._kv_room_for(choice):
+                return
+            slot = self.memory.fork(leader, choice, idle)
+            self.waiting.remove(choice)
+            self._occupy(slot, choice, len(choice.prompt))
+            self._sample_alone(slot, row)
+
+    def _kv_room_for(self, request: Request) -> bool:
+        """Admit only what the KV cells can hold beside the running requests' next tokens.
+
+        Without this a preempted request would take its slot back at once, find no
+        room for its prefill and push another request out: thrashing. Idle caches do
+        not count: they are dropped on demand.
+        """
+        busy = [slot for slot in self.slots if slot.request is not None]
+        if not busy:
+            return True
+        memory = self.memory
+        held = memory.cells.used - memory.idle_cells(self.slots)  # a shared cell counts once
+        # A prefilling slot will soon hold its whole context; the new request shares
+        # what busy slots hold of its prompt.
+        coming = sum(max(0, len(slot.request.context) - len(slot.cached)) for slot in busy if slot.request)
+        need = len(request.context) - memory.reusable(request, self.slots)
+        return held + coming + len(busy) + need <= self.backend.n_ctx
 
     def _no_kv_space(self, live: list[Segment], start: int, end: int, purge_allowed: bool) -> None:
         """``llama_decode`` found no KV cells: purge idle caches, halve, preempt, then fail."""

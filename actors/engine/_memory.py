@@ -238,6 +238,21 @@ class KVMemory:
             self.plans.remove(slot.seq_id)
         return slot, n_reuse
 
+    def fork(self, source: Slot, request: Request, idle: list[Slot]) -> Slot:
+        """An idle slot for ``request`` holding all of its prompt, copied from ``source``
+        (which holds it: choice 0 of ``n``). The slot's own cache is dropped (saved first)."""
+        prompt = request.context
+        slot = self._target(idle, [], request, reuse=False)
+        self._trim(slot, 0)
+        self.backend.seq_copy(source.seq_id, slot.seq_id, 0, len(prompt))
+        self.cells.copy(source.seq_id, slot.seq_id, len(prompt))
+        slot.cached[:] = prompt
+        slot.scope, slot.session, slot.shifted = request.scope, request.session, False
+        if self.cache_prompt and request.message.cache_prompt:
+            self.index.put(slot.seq_id, request.scope, slot.cached)
+        self.plans.remove(slot.seq_id)
+        return slot
+
     def _target(self, idle: list[Slot], found: list[PrefixMatch], request: Request, reuse: bool) -> Slot:
         """The idle slot the request takes.
 

@@ -117,7 +117,7 @@ class Sampling(Finishing):
             request.logprobs.append(logprob)
         text, stop = request.text.push(self.backend.piece(token))
         request.pieces.append(text)
-        event = Token(request.request_id, text, token, logprob)
+        event = Token(request.request_id, text, token, logprob, request.index)
         if request.reply_to is not None and not self._put(request, event):
             return
         if stop is not None:

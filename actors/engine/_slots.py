@@ -22,7 +22,22 @@ from actors.contract._results import TokenLogprob
 from actors.engine._output import TextStream
 from strategies import SlotState, SlotView
 
-__all__ = ["Request", "Slot", "common_prefix_len"]
+__all__ = ["Choices", "Request", "Slot", "common_prefix_len"]
+
+
+@dataclass(slots=True, eq=False)
+class Choices:
+    """The ``n`` choices of one request (``n`` > 1): one outcome each, one future for all."""
+
+    requests: list[Request]
+    future: pykka.ThreadingFuture[object] | None
+    results: list[object] = field(default_factory=list)  # a Completion each, or None so far
+    failed: bool = False
+
+    @property
+    def leader(self) -> Request:
+        """Choice 0: the one that prefills the prompt; the others copy its KV."""
+        return self.requests[0]
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +75,9 @@ class Request:
     # prefill found cached (set each time it enters a slot).
     progress: bool = False
     prefill_cached: int = 0
+    # Of a request with n > 1: which choice, and all of them.
+    index: int = 0
+    choices: Choices | None = None
 
     def __post_init__(self) -> None:
         if not self.context:
@@ -68,6 +86,11 @@ class Request:
     @property
     def request_id(self) -> str:
         return self.message.request_id
+
+    @property
+    def key(self) -> str:
+        """Its key in the engine's request table: the request id, ``"id#i"`` for choice i > 0."""
+        return self.message.request_id if self.index == 0 else f"{self.message.request_id}#{self.index}"
 
     @property
     def scope(self) -> str | None:

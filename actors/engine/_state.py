@@ -15,7 +15,7 @@ from actors.backend._llama import LlamaBackend
 from actors.contract._messages import SamplingParams
 from actors.engine._batch import BatchArrays
 from actors.engine._memory import KVMemory
-from actors.engine._slots import Request, Slot
+from actors.engine._slots import Choices, Request, Slot
 from strategies import BatchStrategy, SlotState
 
 __all__ = ["EngineConfig", "EngineState"]
@@ -70,7 +70,8 @@ class EngineState:
         self.sender = sender
         self.slots = [Slot(seq_id) for seq_id in range(backend.n_seq_max)]
         self.waiting: deque[Request] = deque()
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}  # by Request.key: a choice i > 0 is "id#i"
+        self.choices: dict[str, Choices] = {}  # requests with n > 1, by request id
         self._arrivals = 0
         self._arrays = BatchArrays(backend.tokens, backend.pos, backend.seq_ids, backend.logits)
         self._eval_s = 0.0  # time inside llama_decode this tick

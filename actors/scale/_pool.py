@@ -292,7 +292,7 @@ class ServerPool:
 
     def _send(self, message: StreamMessage) -> None:
         sent = _Sent(message, message)
-        relay = Relay(message.reply_to, self._settled(sent))
+        relay = Relay(message.reply_to, self._settled(sent), message.n)
         relayed = sent.sent = dataclasses.replace(message, reply_to=relay)
         tried: set[str] = set()
 

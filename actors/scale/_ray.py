@@ -378,7 +378,9 @@ class RayReplica:
         with self._lock:
             relay = self._streams.get(event.request_id)
             if relay is not None and isinstance(event, Done | Failed):
-                del self._streams[event.request_id]
+                relay.ends_seen += 1
+                if relay.ends_seen == relay.n:  # each of its n choices has ended
+                    del self._streams[event.request_id]
         if relay is None:  # abandoned (its consumer failed) or from before a restart
             return
         # Through the courier, as the engine delivers: a full queue holds the event (this

@@ -97,12 +97,17 @@ class Tracked(pykka.ThreadingFuture[Any]):
 
 class Relay:
     """The ``reply_to`` a pool gives a replica: forwards every event to the caller's,
-    and tells the pool when the ``Done`` or ``Failed`` passes. ``put`` runs in the thread
-    that produces events (the engine, or a replica's outbox thread)."""
+    and tells the pool when the last ``Done`` or ``Failed`` passes (one per choice of
+    ``n``). ``put`` runs in the thread that produces events (the engine, or a replica's
+    outbox thread)."""
 
-    def __init__(self, reply_to: ReplyTo, on_settle: Callable[[], None]) -> None:
+    def __init__(self, reply_to: ReplyTo, on_settle: Callable[[], None], n: int = 1) -> None:
         self.reply_to = reply_to
         self._on_settle = on_settle
+        self.n = n
+        self._ends = 0
+        self.ends_seen = 0
+        """Terminal events a Ray replica's outbox thread has seen (it counts them)."""
         self.on_full: Callable[[], bool] | None = None
         """Called when the replica refuses the stream with QueueFull: True when the request
         went to another replica (whose events come here too), so the Failed is dropped."""
@@ -124,7 +129,9 @@ class Relay:
             self._on_settle()
             raise
         if isinstance(event, Done | Failed):
-            self._on_settle()
+            self._ends += 1
+            if self._ends == self.n:
+                self._on_settle()
 
     def on_abandon(self) -> None:
         """The courier gave up on events nobody read: the request counts as settled."""
