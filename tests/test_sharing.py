@@ -216,3 +216,35 @@ def test_a_freed_slot_takes_the_next_request_of_its_session_first(start_server: 
     order = [md["request_id"] for _, md in recorder.of("start")]
     ids = [f.get().request_id for f in (first, alice, bob, low)]
     assert order == ids  # alice's second turn before bob (same priority), never before priority
+
+
+def test_a_sharer_that_fails_leaves_the_other_intact(start_server: StartServer) -> None:
+    from actors.backend._faults import faults
+
+    expected = references(start_server, [prompt(0), prompt(1)], 40)
+    ref = start_server(n_parallel=2, n_ctx=4096)
+    calls = {"n": 0}
+
+    def fail_one_sample(row: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 12:  # both are generating, sharing the prefix: one of them fails
+            raise RuntimeError("injected sampler failure")
+
+    faults.sample = fail_one_sample
+    try:
+        futures = [
+            ref.ask(Generate(p, max_tokens=40, temp=0, logit_bias=NO_EOG)) for p in (prompt(0), prompt(1))
+        ]
+        outcomes: list[Any] = []
+        for f in futures:
+            try:
+                outcomes.append(f.get(timeout=240))
+            except Exception as e:
+                outcomes.append(e)
+    finally:
+        faults.reset()
+    failed = [i for i, o in enumerate(outcomes) if not isinstance(o, Completion)]
+    assert len(failed) == 1 and "injected" in str(outcomes[failed[0]])
+    survivor = 1 - failed[0]
+    assert outcomes[survivor].prefix_cache_tokens > 0 or survivor == 0
+    assert same_greedy(expected[survivor], outcomes[survivor].token_ids) >= 20

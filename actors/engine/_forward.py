@@ -71,26 +71,34 @@ class ForwardPass(Sampling):
                     self._fail(slot, error)
 
     def _commit(self, segments: list[Segment], start: int) -> None:
-        """Record decoded rows in their slots (a prefill chunk sends its ``Progress`` to a
-        stream that asked), then sample the rows that asked for logits."""
+        """Record every decoded row in its slot (a prefill chunk sends its ``Progress`` to a
+        stream that asked), then sample the rows that asked for logits.
+
+        All rows are recorded first: sampling may end other requests (a choice that
+        fails fails its siblings), and the KV a decoded row wrote must be on the books
+        before a slot is dropped. A row whose request ended meanwhile is not sampled.
+        """
         tokens = self.backend.tokens
+        owners: list[Request | None] = []
         for segment in segments:
             slot = segment.slot
+            owners.append(slot.request)
             if segment.decode:
                 self.memory.computed(slot, [slot.pending])
             else:
                 self.memory.computed(slot, tokens[segment.start : segment.end].tolist())
                 request = slot.request
                 # A Progress for streams that asked; a consumer found gone leaves nothing to sample.
-                wants = request is not None and request.progress and not request.token_ids
-                if wants and not self._progress(slot):
-                    continue
-            if segment.logits_row >= 0:
-                request = slot.request
-                first = request is not None and request.t_first_token is None
-                self._sample_alone(slot, segment.logits_row - start)
-                if first and request is not None and request.choices is not None and request.index == 0:
-                    self._fork(slot, request, segment.logits_row - start)
+                if request is not None and request.progress and not request.token_ids:
+                    self._progress(slot)
+        for segment, request in zip(segments, owners, strict=True):
+            slot = segment.slot
+            if segment.logits_row < 0 or request is None or slot.request is not request:
+                continue
+            first = request.t_first_token is None
+            self._sample_alone(slot, segment.logits_row - start)
+            if first and request.choices is not None and request.index == 0:
+                self._fork(slot, request, segment.logits_row - start)
 
     def _sample_alone(self, slot: Slot, row: int) -> None:
         """Sample ``row`` for the slot; a sampler that breaks fails its request alone."""
