@@ -513,6 +513,20 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(running: Running) -
     wait_until(lambda: idle(running), seconds=10)
 
 
+def test_a_client_that_leaves_an_n_choice_stream_frees_every_slot(running: Running) -> None:
+    with httpx.stream(
+        "POST",
+        running.url + "/v1/chat/completions",
+        json={"messages": CHAT, "max_tokens": 2000, "n": 3, "stream": True, "ignore_eos": True},
+        timeout=60,
+    ) as response:
+        lines = response.iter_lines()
+        while '"content":"' not in next(lines):  # past the role chunks: the choices are generating
+            pass
+        assert running.engine.ask(GetStats())["active_slots"] >= 1
+    wait_until(lambda: idle(running), seconds=10)
+
+
 def test_a_client_that_leaves_before_a_plain_answer_frees_its_slot(running: Running) -> None:
     body = json.dumps({"prompt": "Tell a long story.", "n_predict": 2000, "ignore_eos": True}).encode()
     port = int(running.url.rsplit(":", 1)[1])
