@@ -121,13 +121,138 @@ def test_completions_match_the_engine_greedy(running: Running, client: openai.Op
 
 
 def test_bad_options_are_400s_with_llama_server_bodies(client: openai.OpenAI) -> None:
-    for bad in ({"temperature": "hot"}, {"max_tokens": 0}, {"top_k": -5}, {"mirostat": 2}, {"n": 3}):
+    for bad in ({"temperature": "hot"}, {"max_tokens": 0}, {"top_k": -5}, {"mirostat": 2}, {"n": 17}):
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model="smol", messages=CHAT, extra_body=bad)  # type: ignore[arg-type]
         body = caught.value.body
         assert isinstance(body, dict) and body["type"] == "invalid_request_error", bad
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="smol", messages=[{"role": "wizard", "content": "hi"}])  # type: ignore[list-item]
+
+
+# -- n completions of one prompt --------------------------------------------------------
+
+N_CHOICES = 3
+HOT: dict[str, Any] = {"temperature": 1.0, "seed": 11}
+
+
+def test_chat_n_choices_each_with_its_index_finish_reason_and_logprobs(client: openai.OpenAI) -> None:
+    one = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=6, **HOT)
+    reply = client.chat.completions.create(
+        model="smol", messages=CHAT, max_tokens=6, n=N_CHOICES, logprobs=True, top_logprobs=1, **HOT
+    )
+    assert [c.index for c in reply.choices] == list(range(N_CHOICES))
+    for choice in reply.choices:
+        assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+        assert choice.logprobs is not None and choice.logprobs.content
+    generated = [len(c.logprobs.content or []) for c in reply.choices if c.logprobs]
+    assert all(1 <= g <= 6 for g in generated)
+    assert one.usage is not None and reply.usage is not None
+    assert reply.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counts once
+    assert reply.usage.completion_tokens == sum(generated)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_chat_n_choices_stream_each_index_to_its_own_finish_then_usage_once(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="smol",
+            messages=CHAT,
+            max_tokens=6,
+            n=N_CHOICES,
+            logprobs=True,
+            stream=True,
+            stream_options={"include_usage": True},
+            **HOT,
+        )
+    )
+    tokens = dict.fromkeys(range(N_CHOICES), 0)
+    finished: list[int] = []
+    for chunk in chunks[:-1]:
+        assert len(chunk.choices) == 1 and chunk.usage is None
+        choice = chunk.choices[0]
+        assert choice.index in tokens and choice.index not in finished  # nothing after its finish
+        if choice.finish_reason is not None:
+            assert choice.finish_reason in ("stop", "length")
+            finished.append(choice.index)
+        elif choice.logprobs is not None:
+            tokens[choice.index] += len(choice.logprobs.content or [])
+    assert sorted(finished) == list(range(N_CHOICES))  # each index finishes exactly once
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert all(1 <= n <= 6 for n in tokens.values())
+    assert last.usage.completion_tokens == sum(tokens.values())
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+
+
+def test_completions_n_choices_plain_streamed_and_over_several_prompts(client: openai.OpenAI) -> None:
+    prompt = "The capital of France is"
+    one = client.completions.create(model="smol", prompt=prompt, max_tokens=5, **HOT)
+    reply = client.completions.create(model="smol", prompt=prompt, max_tokens=5, n=2, logprobs=1, **HOT)
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert all(c.finish_reason in ("stop", "length") for c in reply.choices)
+    generated = [len(c.logprobs.content) for c in reply.choices]  # type: ignore[union-attr, attr-defined]
+    assert one.usage is not None and reply.usage is not None
+    assert reply.usage.prompt_tokens == one.usage.prompt_tokens
+    assert reply.usage.completion_tokens == sum(generated)
+    chunks = list(
+        client.completions.create(
+            model="smol",
+            prompt=prompt,
+            max_tokens=5,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            **HOT,
+        )
+    )
+    reasons = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason}
+    assert set(reasons) == {0, 1} and len([c for c in chunks if c.choices[0].finish_reason]) == 2
+    with_usage = [c for c in chunks if c.usage is not None]
+    assert with_usage == [chunks[-1]] and chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == one.usage.prompt_tokens
+    # Several prompts, n each: llama-server's order, prompt by prompt, indexed across them all.
+    several = client.completions.create(model="smol", prompt=[prompt, "Hi"], max_tokens=2, n=2, **HOT)
+    assert [c.index for c in several.choices] == [0, 1, 2, 3]
+    hi = client.completions.create(model="smol", prompt="Hi", max_tokens=1)
+    assert several.usage is not None and hi.usage is not None
+    assert several.usage.prompt_tokens == one.usage.prompt_tokens + hi.usage.prompt_tokens
+
+
+def test_native_completion_n_cmpl(running: Running) -> None:
+    base = {"prompt": "I believe the meaning of life is", "n_predict": 4, **HOT}
+    for field in ("n_cmpl", "n"):  # llama-server's field, and OpenAI's n as its alias
+        body = httpx.post(running.url + "/completion", json={**base, field: 2}, timeout=60).json()
+        assert isinstance(body, list) and [r["index"] for r in body] == [0, 1]
+        assert all(r["stop"] is True and r["tokens_predicted"] <= 4 for r in body)
+    events = _sse(running.url + "/completion", {**base, "n_cmpl": 2, "stream": True})
+    finals = [e for e in events if e["stop"]]
+    assert sorted(e["index"] for e in finals) == [0, 1]
+    for final in finals:
+        mine = [e for e in events if e["index"] == final["index"] and not e["stop"]]
+        assert [e["tokens_predicted"] for e in mine] == list(range(1, len(mine) + 1))
+        assert final["tokens_predicted"] == len(mine)
+
+
+def test_n_and_best_of_out_of_range_are_400s(running: Running) -> None:
+    chat = running.url + "/v1/chat/completions"
+    for bad in (
+        {"n": 0},
+        {"n": 17},
+        {"n": "2"},
+        {"n": 2.5},
+        {"n": True},
+        {"best_of": 2},
+        {"n": 2, "best_of": 3},
+    ):
+        response = httpx.post(chat, json={"messages": CHAT, "max_tokens": 1, **bad})
+        assert response.status_code == 400, bad
+        assert response.json()["error"]["type"] == "invalid_request_error", bad
+    for bad in ({"n_cmpl": 0}, {"n_cmpl": 17}, {"n": -1}, {"n_cmpl": [2]}):
+        response = httpx.post(running.url + "/completion", json={"prompt": "Hi", "n_predict": 1, **bad})
+        assert response.status_code == 400, bad
+    same = httpx.post(chat, json={"messages": CHAT, "max_tokens": 1, "n": 2, "best_of": 2}, timeout=60)
+    assert same.status_code == 200 and len(same.json()["choices"]) == 2
 
 
 def test_response_format_json_schema_gives_json(client: openai.OpenAI) -> None:
@@ -385,6 +510,20 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(running: Running) -
         lines = response.iter_lines()  # held: a dropped iterator closes the connection
         next(lines)
         assert not idle(running)
+    wait_until(lambda: idle(running), seconds=10)
+
+
+def test_a_client_that_leaves_an_n_choice_stream_frees_every_slot(running: Running) -> None:
+    with httpx.stream(
+        "POST",
+        running.url + "/v1/chat/completions",
+        json={"messages": CHAT, "max_tokens": 2000, "n": 3, "stream": True, "ignore_eos": True},
+        timeout=60,
+    ) as response:
+        lines = response.iter_lines()
+        while '"content":"' not in next(lines):  # past the role chunks: the choices are generating
+            pass
+        assert running.engine.ask(GetStats())["active_slots"] >= 1
     wait_until(lambda: idle(running), seconds=10)
 
 

@@ -68,9 +68,10 @@ async def complete(
     prompt: Prompt | None,
     messages: Messages | None,
     options: dict[str, Any],
-) -> Completion:
-    """The whole ``Completion``; the request is cancelled if the client leaves first
-    (``request`` None: the caller watches for that)."""
+) -> list[Completion]:
+    """Every choice's whole ``Completion``, in choice order: one, or ``options["n"]``;
+    the request is cancelled if the client leaves first (``request`` None: the caller
+    watches for that)."""
     engine = _engine(service)
     if messages is not None:
         work = achat(engine, messages, **options)
@@ -78,16 +79,18 @@ async def complete(
         assert prompt is not None
         work = agenerate(engine, prompt, **options)
     try:
-        return await (work if request is None else unless_disconnected(request, work))
+        result = await (work if request is None else unless_disconnected(request, work))
     except EngineError as e:
         raise from_engine_error(e) from None
+    return list(result) if isinstance(result, tuple) else [result]
 
 
 Event = Progress | Token | Done
 
 
 class Opened:
-    """A stream whose first event has arrived: iterate ``events`` for all of them."""
+    """A stream whose first event has arrived: iterate ``events`` for all of them (with
+    ``n`` choices, their ``Token`` events interleaved and one ``Done`` each)."""
 
     def __init__(self, first: Event, rest: AsyncIterator[Event]) -> None:
         self._first: Event | None = first
@@ -99,8 +102,7 @@ class Opened:
             if self._first is not None:
                 first, self._first = self._first, None
                 yield first
-                if isinstance(first, Done):
-                    return
+            # Past a Done the helper's stream ends by itself: after the n-th terminal event.
             async for event in self._rest:
                 yield event
         except EngineError as e:

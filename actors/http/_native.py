@@ -33,6 +33,7 @@ from actors.http._generation import (
 from actors.http._params import (
     _OFF_VALUES,
     RANDOM_SEED,
+    choices_count,
     max_tokens,
     probabilities,
     sampling_options,
@@ -185,6 +186,9 @@ def completion_options(service: Service, body: Mapping[str, Any]) -> dict[str, A
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
         raise HttpError(400, "'n_predict' must be an integer")
     options["max_tokens"] = max_tokens(requested, service.limits)
+    n = choices_count(body, "n_cmpl", "n")  # llama-server's n_cmpl, with OpenAI's n as its alias
+    if n > 1:
+        options["n"] = n
     return probabilities(options)
 
 
@@ -200,16 +204,13 @@ async def completion(request: Request) -> Response | EventStream:
     stream = body.get("stream") is True
     return_tokens = body.get("return_tokens") is True
     if not stream:
-        if len(prompts) == 1:
-            done = await complete(service, request, prompt=prompts[0], messages=None, options=options)
-            return json_response(final_json(service, done, options, stream=False, tokens=return_tokens))
-        dones = await complete_all(service, request, prompts, options)
-        return json_response(
-            [
-                {**final_json(service, done, options, stream=False, tokens=return_tokens), "index": i}
-                for i, done in enumerate(dones)
-            ]
-        )
+        # llama-server's order: each prompt's n completions in turn, indexed across them all.
+        dones = [done for group in await complete_all(service, request, prompts, options) for done in group]
+        results = [
+            {**final_json(service, done, options, stream=False, tokens=return_tokens), "index": i}
+            for i, done in enumerate(dones)
+        ]
+        return json_response(results[0] if len(results) == 1 else results)
     if len(prompts) > 1:
         raise HttpError(400, "streaming several prompts in one request is not supported; send one each")
     opened = await open_stream(
@@ -221,7 +222,7 @@ async def completion(request: Request) -> Response | EventStream:
 async def _native_events(
     service: Service, opened: Opened, options: Mapping[str, Any], per_token: bool
 ) -> AsyncIterator[bytes]:
-    n_predicted = 0
+    n_predicted = [0] * options.get("n", 1)  # each choice's tokens so far
     try:
         async for event in opened.events():
             if isinstance(event, Progress):
@@ -239,29 +240,32 @@ async def _native_events(
                     chunk["timings"] = progress_timings(event)
                 yield sse(chunk)
             elif isinstance(event, Token):
-                n_predicted += 1
+                n_predicted[event.index] += 1
                 chunk = {
-                    "index": 0,
+                    "index": event.index,
                     "content": event.text,
                     "tokens": [event.token_id],
                     "stop": False,
                     "id_slot": -1,
-                    "tokens_predicted": n_predicted,
+                    "tokens_predicted": n_predicted[event.index],
                 }
                 if event.logprob is not None:
                     chunk["completion_probabilities"] = logprobs_json([event.logprob], _post(options))
                 yield sse(chunk)
             elif isinstance(event, Done):
-                yield sse(final_json(service, event.completion, options, stream=True, tokens=False))
+                final = final_json(service, event.completion, options, stream=True, tokens=False)
+                yield sse({**final, "index": event.index})
     except HttpError as e:
         yield error_event(e)
 
 
 async def complete_all(
     service: Service, request: Request, prompts: Sequence[str | list[int]], options: dict[str, Any]
-) -> list[Completion]:
-    """Every prompt as its own request, side by side; the first failure (or the client
-    leaving) cancels the others."""
+) -> list[list[Completion]]:
+    """Every prompt's choices (one each, or ``options["n"]``), each prompt its own
+    request, side by side; the first failure (or the client leaving) cancels the others."""
+    if len(prompts) == 1:
+        return [await complete(service, request, prompt=prompts[0], messages=None, options=options)]
     tasks = [
         asyncio.ensure_future(complete(service, None, prompt=p, messages=None, options=options))
         for p in prompts

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -34,6 +35,7 @@ from actors.http._generation import (
 from actors.http._native import complete_all, final_json, json_response, prompts_of
 from actors.http._params import (
     chat_messages,
+    choices_count,
     continuation,
     max_tokens,
     probabilities,
@@ -52,12 +54,12 @@ _DONE = b"data: [DONE]\n\n"
 
 
 def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
-    n = body.get("n")
-    if n is not None and (type(n) is not int or n != 1):
-        raise HttpError(400, "only n=1 is supported")
+    n = choices_count(body, "n")
+    # best_of > n would pick the likeliest of best_of completions, which this server
+    # never does (llama-server refuses best_of outright); best_of = n picks nothing.
     best_of = body.get("best_of")
-    if best_of is not None and (type(best_of) is not int or best_of != 1):
-        raise HttpError(400, "only best_of=1 is supported")
+    if best_of is not None and (type(best_of) is not int or best_of != n):
+        raise HttpError(400, "'best_of' is not supported by this server (only best_of equal to n)")
     for name in ("tools", "functions"):
         if body.get(name):
             raise HttpError(400, f"'{name}' is not supported by this server")
@@ -66,6 +68,8 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
     if not chat and body.get("suffix"):
         raise HttpError(400, "'suffix' is not supported by this server")
     options = sampling_options(body, service.tokenize)
+    if n > 1:
+        options["n"] = n
     requested = body.get("max_completion_tokens", body.get("max_tokens", body.get("n_predict")))
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
         raise HttpError(400, "'max_tokens' must be an integer")
@@ -129,19 +133,12 @@ def _model(service: Service, body: Mapping[str, Any]) -> str:
     return service.model_ids[0]
 
 
-def _usage(completion: Completion) -> dict[str, Any]:
-    return {
-        "completion_tokens": completion.generated_tokens,
-        "prompt_tokens": completion.prompt_tokens,
-        "total_tokens": completion.generated_tokens + completion.prompt_tokens,
-        "prompt_tokens_details": {"cached_tokens": completion.prefix_cache_tokens},
-    }
-
-
-def _usage_of(completions: list[Completion]) -> dict[str, Any]:
-    prompt = sum(c.prompt_tokens for c in completions)
-    generated = sum(c.generated_tokens for c in completions)
-    cached = sum(c.prefix_cache_tokens for c in completions)
+def _usage(groups: Sequence[Sequence[Completion]]) -> dict[str, Any]:
+    """OpenAI's ``usage`` of each prompt's choices: a prompt is counted once (its first
+    choice's, which prefilled it), the completions of every choice."""
+    prompt = sum(choices[0].prompt_tokens for choices in groups)
+    cached = sum(choices[0].prefix_cache_tokens for choices in groups)
+    generated = sum(c.generated_tokens for choices in groups for c in choices)
     return {
         "completion_tokens": generated,
         "prompt_tokens": prompt,
@@ -179,10 +176,9 @@ async def completions(request: Request) -> Response | EventStream:
     streaming, per_token = stream_options(body)
     cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
-        if len(prompts) == 1:
-            dones = [await complete(service, request, prompt=prompts[0], messages=None, options=options)]
-        else:
-            dones = await complete_all(service, request, prompts, options)
+        groups = await complete_all(service, request, prompts, options)
+        # llama-server's order: each prompt's n choices in turn, indexed across them all.
+        dones = [done for choices in groups for done in choices]
         choices = [
             {
                 "text": done.text,
@@ -192,12 +188,11 @@ async def completions(request: Request) -> Response | EventStream:
             }
             for i, done in enumerate(dones)
         ]
-        usage = _usage(dones[0]) if len(dones) == 1 else _usage_of(dones)
         return json_response(
             {
                 **_envelope("text_completion", cmpl_id, model),
                 "choices": choices,
-                "usage": usage,
+                "usage": _usage(groups),
                 "timings": timings(dones[0]),
             }
         )
@@ -206,7 +201,8 @@ async def completions(request: Request) -> Response | EventStream:
     opened = await open_stream(
         service, request, prompt=prompts[0], messages=None, options={**options, **streaming}
     )
-    return EventStream(_completion_events(opened, cmpl_id, model, _include_usage(body), per_token, post))
+    stream = _Choices(options.get("n", 1), _include_usage(body), per_token, post)
+    return EventStream(_completion_events(opened, _envelope("text_completion", cmpl_id, model), stream))
 
 
 def _progress(chunk: dict[str, Any], event: Progress, per_token: bool) -> dict[str, Any]:
@@ -217,25 +213,46 @@ def _progress(chunk: dict[str, Any], event: Progress, per_token: bool) -> dict[s
     return chunk
 
 
+@dataclass(slots=True)
+class _Choices:
+    """A stream's settings and its choices' progress: which have finished, and how."""
+
+    n: int
+    usage: bool
+    """Whether the stream ends with ``usage`` (``stream_options.include_usage``)."""
+    per_token: bool
+    post: bool
+    dones: list[Completion] = field(default_factory=list)
+    """The choices finished so far, in the order they finished."""
+
+    def finish(self, done: Completion) -> bool:
+        """Count ``done`` in; whether it was the last choice to finish."""
+        self.dones.append(done)
+        return len(self.dones) == self.n
+
+    def usage_json(self) -> dict[str, Any]:
+        return _usage([sorted(self.dones, key=lambda c: c.index)])
+
+
 async def _completion_events(
-    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool, post: bool
+    opened: Opened, envelope: dict[str, Any], stream: _Choices
 ) -> AsyncIterator[bytes]:
-    envelope = _envelope("text_completion", cmpl_id, model)
     try:
         async for event in opened.events():
             if isinstance(event, Progress):
                 empty = {"text": "", "index": 0, "logprobs": None, "finish_reason": None}
-                yield sse(_progress({**envelope, "choices": [empty]}, event, per_token))
+                yield sse(_progress({**envelope, "choices": [empty]}, event, stream.per_token))
             elif isinstance(event, Token):
-                logprobs = {"content": logprobs_json([event.logprob], post)} if event.logprob else None
-                choice = {"text": event.text, "index": 0, "logprobs": logprobs, "finish_reason": None}
+                probs = {"content": logprobs_json([event.logprob], stream.post)} if event.logprob else None
+                choice = {"text": event.text, "index": event.index, "logprobs": probs, "finish_reason": None}
                 yield sse({**envelope, "choices": [choice]})
             elif isinstance(event, Done):
                 done = event.completion
-                last = {"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(done)}
+                reason = finish_reason(done)
+                last = {"text": "", "index": event.index, "logprobs": None, "finish_reason": reason}
                 final: dict[str, Any] = {**envelope, "choices": [last], "timings": timings(done)}
-                if usage:
-                    final["usage"] = _usage(done)
+                if stream.finish(done) and stream.usage:  # once, with the last choice's final chunk
+                    final["usage"] = stream.usage_json()
                 yield sse(final)
     except HttpError as e:
         yield error_event(e)
@@ -255,18 +272,22 @@ async def chat_completions(request: Request) -> Response | EventStream:
     streaming, per_token = stream_options(body)
     cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", _model(service, body)
     if body.get("stream") is not True:
-        done = await complete(service, request, prompt=None, messages=messages, options=options)
-        choice: dict[str, Any] = {
-            "finish_reason": finish_reason(done),
-            "index": 0,
-            "message": {"role": "assistant", "content": done.text},
-        }
-        if done.logprobs:
-            choice["logprobs"] = {"content": logprobs_json(done.logprobs, post)}
+        dones = await complete(service, request, prompt=None, messages=messages, options=options)
+        choices: list[dict[str, Any]] = []
+        for i, done in enumerate(dones):
+            choice: dict[str, Any] = {
+                "finish_reason": finish_reason(done),
+                "index": i,
+                "message": {"role": "assistant", "content": done.text},
+            }
+            if done.logprobs:
+                choice["logprobs"] = {"content": logprobs_json(done.logprobs, post)}
+            choices.append(choice)
+        done = dones[0]
         reply = {
             **_envelope("chat.completion", cmpl_id, model),
-            "choices": [choice],
-            "usage": _usage(done),
+            "choices": choices,
+            "usage": _usage([dones]),
             "timings": timings(done),
         }
         verbose = body.get("verbose")
@@ -287,7 +308,8 @@ async def chat_completions(request: Request) -> Response | EventStream:
     opened = await open_stream(
         service, request, prompt=None, messages=messages, options={**options, **streaming}
     )
-    return EventStream(_chat_events(opened, cmpl_id, model, _include_usage(body), per_token, post))
+    stream = _Choices(options.get("n", 1), _include_usage(body), per_token, post)
+    return EventStream(_chat_events(opened, _envelope("chat.completion.chunk", cmpl_id, model), stream))
 
 
 async def input_tokens(request: Request) -> Response:
@@ -311,37 +333,35 @@ async def input_tokens(request: Request) -> Response:
         raise from_engine_error(e) from None
 
 
-async def _chat_events(
-    opened: Opened, cmpl_id: str, model: str, usage: bool, per_token: bool, post: bool
-) -> AsyncIterator[bytes]:
-    envelope = _envelope("chat.completion.chunk", cmpl_id, model)
-
-    def choices(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        choice = {"finish_reason": None, "index": 0, "delta": delta, **(extra or {})}
+async def _chat_events(opened: Opened, envelope: dict[str, Any], stream: _Choices) -> AsyncIterator[bytes]:
+    def choices(delta: dict[str, Any], index: int = 0, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        choice = {"finish_reason": None, "index": index, "delta": delta, **(extra or {})}
         return {**envelope, "choices": [choice]}
 
-    def chunk(delta: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
-        return sse(choices(delta, extra))
-
-    yield chunk({"role": "assistant", "content": None})
+    role = {"role": "assistant", "content": None}
+    for index in range(stream.n):  # each choice opens with its role, as OpenAI's do
+        yield sse(choices(role, index))
     try:
         async for event in opened.events():
             if isinstance(event, Progress):  # llama-server's: the role delta, with the progress
-                yield sse(_progress(choices({"role": "assistant", "content": None}), event, per_token))
+                yield sse(_progress(choices(role), event, stream.per_token))
             elif isinstance(event, Token):
                 if event.text or event.logprob:
-                    probs = {"content": logprobs_json([event.logprob], post)} if event.logprob else None
+                    probs = (
+                        {"content": logprobs_json([event.logprob], stream.post)} if event.logprob else None
+                    )
                     extra = {"logprobs": probs} if probs else {}
-                    yield chunk({"content": event.text}, extra)
+                    yield sse(choices({"content": event.text}, event.index, extra))
             elif isinstance(event, Done):
                 done = event.completion
                 final: dict[str, Any] = {
                     **envelope,
-                    "choices": [{"finish_reason": finish_reason(done), "index": 0, "delta": {}}],
+                    "choices": [{"finish_reason": finish_reason(done), "index": event.index, "delta": {}}],
                 }
-                if usage:
+                # A choice's timings ride on its last chunk: the usage chunk, after the last to finish.
+                if stream.finish(done) and stream.usage:
                     yield sse(final)
-                    final = {**envelope, "choices": [], "usage": _usage(done)}
+                    final = {**envelope, "choices": [], "usage": stream.usage_json()}
                 final["timings"] = timings(done)
                 yield sse(final)
     except HttpError as e:

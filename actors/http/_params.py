@@ -15,9 +15,11 @@ from typing import Any
 from actors.http._errors import HttpError
 
 __all__ = [
+    "MAX_CHOICES",
     "RANDOM_SEED",
     "Limits",
     "chat_messages",
+    "choices_count",
     "continuation",
     "max_tokens",
     "probabilities",
@@ -31,6 +33,9 @@ __all__ = [
 _MAX_BIAS_TEXT = 64 * 1024
 # Entries of one logit_bias (there are fewer tokens than this in any vocabulary we serve).
 _MAX_BIAS_ENTRIES = 1 << 17
+
+# The most completions of one prompt a request may ask for (the engine's own limit).
+MAX_CHOICES = 16
 
 # llama-server's "random seed" (LLAMA_DEFAULT_SEED); our engine takes None for it.
 RANDOM_SEED = 0xFFFFFFFF
@@ -157,6 +162,20 @@ def max_tokens(requested: int | None, limits: Limits) -> int:
     if requested is None or requested < 0:
         requested = limits.n_predict if limits.n_predict > 0 else limits.n_ctx_slot
     return min(requested, limits.n_ctx_slot)
+
+
+def choices_count(body: Mapping[str, Any], *names: str) -> int:
+    """How many completions of the prompt a request asks for: the first of ``names``
+    given (OpenAI's ``n``; llama-server's ``n_cmpl``, then ``n``, on ``/completion``),
+    1 when none is; an integer from 1 to ``MAX_CHOICES``."""
+    for name in names:
+        count = _int(body, name)
+        if count is None:
+            continue
+        if not 1 <= count <= MAX_CHOICES:
+            raise _fail(f"'{name}' must be between 1 and {MAX_CHOICES}, got {_show(count)}")
+        return count
+    return 1
 
 
 def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int]]) -> dict[str, Any]:
