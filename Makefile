@@ -50,6 +50,7 @@ bench: install
 	$(PY) bench/multiturn.py
 	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
 	$(PY) bench/sharing.py
+	$(PY) bench/choices.py
 
 # Our HTTP server against llama-server and the example server (bench/http.py):
 # bench/results/http.md. A missing peer is skipped; make bench-peers builds them.

@@ -51,18 +51,30 @@ class SseConnection:
             await self.close()  # the rest of the response is unread: the connection is spent
             raise
 
-    async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def _send(self, path: str, data: bytes) -> tuple[asyncio.StreamReader, int, dict[str, str]]:
+        """Send the request and read the response head; a kept-alive connection the server
+        closed meanwhile (nothing came back) is opened again, once, as httpx does."""
+        reused = self._writer is not None
         if self._writer is None:
             self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
         reader, writer = self._reader, self._writer
         assert reader is not None
-        data = json.dumps(body).encode()
         writer.write(
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nAccept: text/event-stream\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
             + data
         )
-        status, headers = await _head(reader)
+        try:
+            status, headers = await _head(reader)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            if not reused or (isinstance(e, asyncio.IncompleteReadError) and e.partial):
+                raise
+            await self.close()
+            return await self._send(path, data)
+        return reader, status, headers
+
+    async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        reader, status, headers = await self._send(path, json.dumps(body).encode())
         chunked = headers.get("transfer-encoding") == "chunked"
         chunks = _chunked(reader) if chunked else _sized(reader, headers)
         if status != 200:

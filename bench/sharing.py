@@ -2,9 +2,11 @@
 
 Three systems serve the same two workloads, each run in a fresh process:
 
-* ``sharing``: ``ServerActor()`` (a new request copies the longest prefix any slot or
-  the RAM cache holds, by ``seq_cp``; shared KV cells counted once);
-* ``no-sharing``: ``ServerActor(prefix_sharing=False)`` (a slot reuses only its own cache);
+* ``sharing``: ``ServerActor(prompt_cache_ram_mb=--ram-mb)`` (a new request copies the
+  longest prefix any slot holds, by ``seq_cp``, or restores it from the RAM cache;
+  shared KV cells counted once);
+* ``no-sharing``: the same with ``prefix_sharing=False`` (a slot reuses only its own
+  cache, and the RAM cache);
 * ``llama-server``: llama.cpp's C++ server (``LLAMA_SERVER_BIN``, ``-kvu --cache-reuse 256
   --metrics``, its default 8 GiB host prompt cache), ``/completion`` over SSE.
 
@@ -178,7 +180,7 @@ def run_ours(workload: str, slots: int, args: argparse.Namespace) -> dict[str, A
 
     ref = ServerActor.start(
         model_path=default_model_path(), n_parallel=slots, n_ctx=args.n_ctx, n_threads=args.n_threads,
-        prefix_sharing=args.child == "sharing",
+        prefix_sharing=args.child == "sharing", prompt_cache_ram_mb=args.ram_mb,
     )  # fmt: skip
     try:
         tok = ref.ask(GetTokenizer(), timeout=120)
@@ -450,6 +452,12 @@ def main() -> None:
     parser.add_argument("--burst-slots", type=int, default=8)
     parser.add_argument("--burst-tokens", type=int, default=16)
     parser.add_argument("--n-ctx", type=int, default=16384)
+    parser.add_argument(
+        "--ram-mb",
+        type=float,
+        default=2048,
+        help="ours' RAM prompt cache (llama-server keeps its 8 GiB default)",
+    )
     parser.add_argument("--n-threads", type=int, default=2)
     parser.add_argument(
         "--quick", action="store_true", help="3 conversations x 2 turns, short prefixes, 2 slots"
