@@ -91,9 +91,9 @@ class RamCache:
         self.bytes_used += len(entry.state)
         return evicted
 
-    def best(self, scope: str | None, prompt: Sequence[int]) -> tuple[RamEntry | None, int]:
-        """The entry of ``scope`` sharing the longest prefix with ``prompt``."""
-        found = self._ram(self._index.matches(scope, prompt))
+    def longest(self, matches: list[PrefixMatch]) -> tuple[RamEntry | None, int]:
+        """The RAM entry among ``matches`` (the index's, longest first) and its length."""
+        found = self._ram(matches)
         return found[0] if found else (None, 0)
 
     def _drop(self, entry: RamEntry) -> None:
@@ -217,7 +217,8 @@ class KVMemory:
         own = lengths.get(slot.seq_id, 0)
         donor = next((m.key for m in found if isinstance(m.key, int) and m.key != slot.seq_id), None)
         n_donor = lengths[donor] if donor is not None and self.share else 0
-        entry, n_ram = self.ram.best(scope, prompt) if self.ram is not None and reuse else (None, 0)
+        # The longest RAM entry is in ``found`` too: no second lookup.
+        entry, n_ram = self.ram.longest(found) if self.ram is not None else (None, 0)
         n_ram = min(n_ram, cap)
         if entry is not None and n_ram > max(own, n_donor) and n_ram >= MIN_SAVED_TOKENS:
             n_reuse = self._restore(slot, entry, n_ram, make_room)
