@@ -93,6 +93,23 @@ def test_copy_rejects(lengths: tuple[int, ...], src: int, dst: int, end: int) ->
     ledger.check()
 
 
+def test_adopt_swaps_a_restored_copy_of_a_prefix_for_the_shared_cells() -> None:
+    ledger = _ledger(1000, 1300)  # seq 1 restored its own copy of seq 0's 1000 tokens, and 300 more
+    ledger.adopt(0, 1, 1000)
+    assert (ledger.length(1), ledger.used, ledger.private(0), ledger.private(1)) == (1300, 1300, 0, 300)
+    assert ledger.sharers(1) == {0} and not ledger.shared(1, 1000, 1300)
+    ledger.clear(0)  # the donor ends: the cells stay, now seq 1's alone
+    assert (ledger.used, ledger.private(1)) == (1300, 1300)
+    ledger.check()
+
+
+@pytest.mark.parametrize(("src", "dst", "end"), [(0, 0, 10), (0, 1, 31), (1, 0, 21), (0, -1, 0)])
+def test_adopt_rejects(src: int, dst: int, end: int) -> None:
+    ledger = _ledger(20, 30)
+    with pytest.raises(ValueError):
+        ledger.adopt(src, dst, end)
+
+
 def test_trim_frees_only_cells_nobody_else_holds() -> None:
     ledger = _ledger(100)
     ledger.copy(0, 1, 80)
@@ -240,6 +257,12 @@ class Reference:
         self.seqs[dst] += self.seqs[src][len(self.seqs[dst]) : end]
         return True
 
+    def adopt(self, src: int, dst: int, end: int) -> bool:
+        if src == dst or not end <= min(len(self.seqs[src]), len(self.seqs[dst])):
+            return False
+        self.seqs[dst][:end] = self.seqs[src][:end]
+        return True
+
     def trim(self, seq: int, keep: int) -> None:
         del self.seqs[seq][keep:]
 
@@ -268,7 +291,8 @@ def test_random_operations_match_the_brute_force_model(data: st.DataObject) -> N
     ledger, ref = CellLedger(), Reference()
     seqs = st.sampled_from(SEQS)
     for _ in range(data.draw(st.integers(1, 40), label="steps")):
-        op = data.draw(st.sampled_from(["compute", "compute", "copy", "copy", "trim", "clear", "shift"]))
+        ops = ["compute", "compute", "copy", "copy", "adopt", "trim", "clear", "shift"]
+        op = data.draw(st.sampled_from(ops))
         seq = data.draw(seqs, label="seq")
         n = len(ref.seqs[seq])
         # Positions near the sequence's length, a little beyond it now and then.
@@ -287,6 +311,16 @@ def test_random_operations_match_the_brute_force_model(data: st.DataObject) -> N
             else:
                 with pytest.raises(ValueError):
                     ledger.copy(src, seq, end)
+        elif op == "adopt":
+            src = data.draw(seqs, label="src")
+            end = data.draw(st.integers(0, min(n, len(ref.seqs[src])) + 2), label="end")
+            before = ref.used()
+            if ref.adopt(src, seq, end):
+                ledger.adopt(src, seq, end)
+                assert ledger.used <= before  # adopting never makes cells
+            else:
+                with pytest.raises(ValueError):
+                    ledger.adopt(src, seq, end)
         elif op == "trim":
             keep = data.draw(position, label="keep")
             ledger.trim(seq, keep)

@@ -248,3 +248,27 @@ def test_a_sharer_that_fails_leaves_the_other_intact(start_server: StartServer) 
     survivor = 1 - failed[0]
     assert outcomes[survivor].prefix_cache_tokens > 0 or survivor == 0
     assert same_greedy(expected[survivor], outcomes[survivor].token_ids) >= 20
+
+
+def test_a_history_restored_from_ram_takes_a_donors_cells_for_the_shared_prefix(
+    start_server: StartServer,
+) -> None:
+    ref = start_server(n_parallel=2, n_ctx=4096, prompt_cache_ram_mb=256)
+    recorder = Recorder()
+
+    def ask(text: str) -> Completion:
+        return ref.ask(Generate(text, max_tokens=8, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+
+    a = ask(prompt(0))  # slot 0
+    ask(prompt(1))  # slot 1, copying the system prompt from slot 0
+    ask(prompt(2))  # slot 0 again (least recently used): a's history goes to RAM
+    follow_up = f"{prompt(0)}{a.text}\nQuestion 9: And why?\nAnswer:"
+    expected = references(start_server, [follow_up], 8)[0]
+    again = ask(follow_up)  # a's history comes back from RAM into slot 1
+    assert "restore" in [md["event"] for _, md in recorder.of("ram_cache")]
+    assert again.prefix_cache_tokens > a.prompt_tokens
+    assert same_greedy(expected, again.token_ids) >= 4
+    # The restored copy of the system prompt was swapped for the cells slot 0 holds.
+    stats = ref.ask(GetStats())
+    held = [s.kv_tokens for s in stats["slots"]]
+    assert stats["kv_cells_used"] <= sum(held) - shared_tokens(ref, prompt(0), prompt(2))

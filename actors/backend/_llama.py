@@ -574,6 +574,11 @@ class LlamaBackend:
         """Drop the KV of ``seq_id`` from position ``keep`` on; False if refused."""
         return bool(_lc.llama_memory_seq_rm(self._memory, seq_id, keep, -1))
 
+    def seq_remove(self, seq_id: int, p0: int, p1: int) -> bool:
+        """Drop the KV of ``seq_id`` at positions ``[p0, p1)``, later ones stay where they
+        are; False if refused (memory that cannot drop a middle range)."""
+        return bool(_lc.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
+
     def seq_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Tag ``src``'s cells at positions ``[p0, p1)`` with ``dst`` too (unified KV: no
         new cells, no compute). ``dst`` must hold no position in that range."""

@@ -137,7 +137,7 @@ class Admission(ForwardPass):
 
     def _start(self, request: Request, idle: list[Slot]) -> None:
         """Give ``request`` an idle slot, reusing the longest cached prefix."""
-        slot, n_reuse = self.memory.claim(request, idle, self._purge_idle)
+        slot, n_reuse = self.memory.claim(request, idle, self._make_room)
         self._occupy(slot, request, n_reuse)
 
     def cancel(self, request_id: str, message: object = None) -> None:

@@ -17,6 +17,8 @@ O(pieces of one sequence), never O(all cells); a run no piece refers to is dropp
 compute    ``llama_decode`` of new positions at the end; a restore from the RAM
            cache or a state load is a compute too (it writes fresh cells)
 copy       ``llama_memory_seq_cp(mem, src, dst, len(dst), end)``
+adopt      ``seq_rm(dst, 0, end)``, ``seq_cp(src, dst, 0, end)``: ``dst`` swaps its first
+           ``end`` cells for ``src``'s (same tokens, e.g. a RAM restore of a shared prefix)
 trim       ``llama_memory_seq_rm(mem, seq, keep, -1)``
 clear      ``llama_memory_seq_rm(mem, seq, -1, -1)``
 shift      ``seq_rm(seq, keep, keep + discard)``, ``seq_add(seq, keep + discard, -1,
@@ -178,6 +180,33 @@ class CellLedger:
             else:
                 self._link(dst, p)
         d.length = end
+
+    def adopt(self, src: int, dst: int, end: int) -> None:
+        """``dst`` swaps its cells for positions ``0..end-1`` for ``src``'s (its own are freed
+        unless another sequence holds them); positions from ``end`` on stay as they are.
+
+        Raises:
+            ValueError: ``src == dst``, or ``end`` is past either sequence's end.
+        """
+        if src == dst or dst < 0 or not 0 <= end <= min(self.length(src), self.length(dst)):
+            held = f"dst holds {self.length(dst)} positions, src {self.length(src)}"
+            raise ValueError(f"adopt({src}, {dst}, {end}): {held}")
+        if end == 0:
+            return
+        d = self._seqs[dst]
+        for p in _cut(d.pieces, 0, end):
+            self._release(dst, p.run, p.start, p.stop)
+        taken = _cut(self._seqs[src].pieces, 0, end)
+        for p in taken:
+            refs, xor = p.run.refs[p.start : p.stop], p.run.xor[p.start : p.stop]
+            self._add_private(xor[refs == 1], -1)  # their one holder is no longer alone
+            refs += 1
+            xor ^= dst
+        old, d.pieces = d.pieces, []
+        for p in taken + _cut(old, end, d.length):
+            self._link(dst, p)
+        for p in old:
+            self._unlink(dst, p.run)
 
     def trim(self, seq: int, keep: int) -> None:
         """``seq`` drops its positions from ``keep`` on (none if it holds ``keep`` or fewer)."""

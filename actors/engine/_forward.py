@@ -203,6 +203,14 @@ class ForwardPass(Sampling):
             self._kv_event("purge", {"purged_slots": purged})
         return purged > 0
 
+    def _make_room(self, need: int, keep: frozenset[int]) -> bool:
+        """Free idle caches, least recently used first and never ``keep``'s, until ``need``
+        cells are free (a RAM restore needs that many empty); whether they are."""
+        purged = self.memory.purge_idle(self.slots, need, keep)
+        if purged:
+            self._kv_event("purge", {"purged_slots": purged})
+        return self.memory.free_cells >= need
+
     def _preempt(self, slot: Slot) -> None:
         request = slot.release()
         assert request is not None

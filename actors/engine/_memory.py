@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,8 @@ class RamCache:
 
 
 Emit = Callable[[str, dict[str, Any], dict[str, Any]], None]
+# make_room(need, keep): free idle caches but keep's until ``need`` cells are free; whether they are.
+MakeRoom = Callable[[int, frozenset[int]], bool]
 
 
 class KVMemory:
@@ -197,13 +199,14 @@ class KVMemory:
     # -- choosing a slot and what it reuses ----------------------------------------
 
     def claim(
-        self, request: Request, idle: list[Slot], make_room: Callable[[], bool] | None = None
+        self, request: Request, idle: list[Slot], make_room: MakeRoom | None = None
     ) -> tuple[Slot, int]:
         """Pick a slot for ``request`` and give it the longest reusable prefix there is.
 
-        ``make_room()`` frees KV cells (the idle caches) when a RAM entry does not fit
-        and says whether it freed any: admission counts idle caches as free, but llama.cpp
-        only restores a sequence into cells that are empty now.
+        ``make_room(need, keep)`` frees idle caches (never those of the ``keep`` sequences)
+        until ``need`` cells are free, when a RAM entry does not fit: admission counts
+        idle caches as free, but llama.cpp restores a sequence only into cells that are
+        empty now. When there is no room, a donor's prefix is copied instead.
 
         Returns the slot and how many of ``request.context``'s tokens it already holds.
         """
@@ -220,8 +223,19 @@ class KVMemory:
         # The longest RAM entry is in ``found`` too: no second lookup.
         entry, n_ram = self.ram.longest(found) if self.ram is not None else (None, 0)
         n_ram = min(n_ram, cap)
+        restored = 0
         if entry is not None and n_ram > max(own, n_donor) and n_ram >= MIN_SAVED_TOKENS:
-            n_reuse = self._restore(slot, entry, n_ram, make_room)
+            keep = frozenset((donor,) if donor is not None and n_donor >= MIN_SAVED_TOKENS else ())
+            restored = own = self._restore(slot, entry, n_ram, make_room, keep)
+            if donor is not None:  # making room may have purged it
+                n_donor = min(n_donor, self.cells.length(donor))
+        if restored and donor is not None and MIN_SAVED_TOKENS <= n_donor <= restored:
+            # A RAM entry is a private copy of all it holds; the prefix a donor holds
+            # is the same tokens, so the slot takes the donor's cells for it instead.
+            self._adopt(donor, slot, n_donor)
+            n_reuse = restored
+        elif restored:
+            n_reuse = restored
         elif donor is not None and n_donor > own:
             own = self._trim(slot, own)
             self.backend.seq_copy(donor, slot.seq_id, own, n_donor)
@@ -283,14 +297,21 @@ class KVMemory:
         self.save(slot)
         return slot
 
-    def _restore(self, slot: Slot, entry: RamEntry, n: int, make_room: Callable[[], bool] | None) -> int:
+    def _restore(
+        self, slot: Slot, entry: RamEntry, n: int, make_room: MakeRoom | None, keep: frozenset[int]
+    ) -> int:
+        """Load ``entry`` into ``slot`` and keep its first ``n`` tokens; how many it kept:
+        0 (the slot left empty) when the cells for the whole entry are not free."""
         self.save(slot)
         self.drop(slot)  # true from here: make_room() must not save it again
+        need = len(entry.tokens)
+        if self.free_cells < need and make_room is not None:
+            # Spare the donor's cache if that is enough, else it goes too.
+            make_room(need, keep | {slot.seq_id}) or make_room(need, frozenset({slot.seq_id}))
+        if self.free_cells < need:
+            return 0
         slot.scope = entry.scope  # what it holds from here on, before anything saves it
-        restored = self.backend.seq_restore(slot.seq_id, entry.state)
-        if not restored and make_room is not None and make_room():
-            restored = self.backend.seq_restore(slot.seq_id, entry.state)
-        if not restored:
+        if not self.backend.seq_restore(slot.seq_id, entry.state):
             self.backend.seq_clear(slot.seq_id)  # whatever a failed load left
             return 0
         slot.cached = list(entry.tokens)
@@ -299,6 +320,17 @@ class KVMemory:
         entry.t_last_used = time.monotonic()
         self._ram_event("restore", entry)
         return self._trim(slot, n)
+
+    def _adopt(self, donor: int, slot: Slot, n: int) -> None:
+        """The slot's first ``n`` cells become the donor's (it holds the same tokens there)."""
+        if self.backend.seq_remove(slot.seq_id, 0, n):
+            self.backend.seq_copy(donor, slot.seq_id, 0, n)
+            self.cells.adopt(donor, slot.seq_id, n)
+
+    @property
+    def free_cells(self) -> int:
+        """KV cells no sequence holds."""
+        return self.backend.n_ctx - self.cells.used
 
     def worth_waiting(self, request: Request, slots: Sequence[Slot]) -> bool:
         """Whether ``request`` should wait for a slot that is prefilling its prefix now.
@@ -356,13 +388,17 @@ class KVMemory:
         self.save(slot)
         self.drop(slot)
 
-    def purge_idle(self, slots: Sequence[Slot]) -> int:
-        """Free every idle slot's cached KV (KV pressure); returns how many were purged."""
+    def purge_idle(self, slots: Sequence[Slot], need: int | None = None, keep: Collection[int] = ()) -> int:
+        """Free idle slots' cached KV (KV pressure), least recently used first, until
+        ``need`` cells are free (all of them when None), never the ``keep`` sequences';
+        returns how many were purged."""
+        idle = [slot for slot in slots if slot.request is None and slot.cached and slot.seq_id not in keep]
         purged = 0
-        for slot in slots:
-            if slot.request is None and slot.cached:
-                self.forget(slot)
-                purged += 1
+        for slot in sorted(idle, key=lambda s: s.t_last_used):
+            if need is not None and self.free_cells >= need:
+                break
+            self.forget(slot)
+            purged += 1
         return purged
 
     def _ram_event(self, event: str, entry: RamEntry) -> None:
