@@ -385,9 +385,13 @@ def report(
         ours = results[("sharing", cell)]
         row = [cell]
         for key in ("computed", "kv_peak", "wall_s"):
+            # llama-server's KV is polled from /slots: a poll that missed the busy
+            # moments (below the prefix itself) says nothing.
             row += [
-                f"{ours[key] / results[(p, cell)][key]:.2f}x" if results[(p, cell)][key] else "n/a"
-                for p in peers
+                f"{ours[key] / theirs[key]:.2f}x"
+                if theirs[key] and (key != "kv_peak" or theirs[key] >= theirs["prefix_tokens"])
+                else "n/a"
+                for theirs in (results[(p, cell)] for p in peers)
             ]
         row += [f"{_p50(results[(p, cell)]) / _p50(ours):.1f}x" for p in peers]
         row += [f"{_mean(results[(p, cell)]) / _mean(ours):.1f}x" for p in peers]

@@ -105,3 +105,15 @@ def margins(completion: Completion) -> list[float]:
 def same_greedy(expected: Completion, got: Sequence[int]) -> int:
     """:func:`compare` another run's greedy tokens with ``expected`` (which has logprobs >= 2)."""
     return compare(list(expected.token_ids), margins(expected), got)
+
+
+def model_formatter(llm: Any) -> Any:
+    """llama-cpp-python's ``Jinja2ChatFormatter`` for the model's own chat template, as
+    ``create_chat_completion`` builds it (``llm``: a ``llama_cpp.Llama``)."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    return Jinja2ChatFormatter(
+        template=llm.metadata["tokenizer.chat_template"],
+        eos_token=llm._model.token_get_text(llm.token_eos()),
+        bos_token=llm._model.token_get_text(llm.token_bos()),
+    )

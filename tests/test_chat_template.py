@@ -14,6 +14,7 @@ from typing import Any
 
 import pykka
 import pytest
+from helpers import model_formatter
 
 from actors import (
     Chat,
@@ -185,14 +186,8 @@ def test_a_chat_renders_as_llama_cpps_formatter_renders_it(
 def test_the_models_own_template_renders_as_create_chat_completion_does(
     start_server: Start, reference_llama: Any
 ) -> None:
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
     llm = reference_llama
-    formatter = Jinja2ChatFormatter(
-        template=llm.metadata["tokenizer.chat_template"],
-        eos_token=llm._model.token_get_text(llm.token_eos()),
-        bos_token=llm._model.token_get_text(llm.token_bos()),
-    )
+    formatter = model_formatter(llm)
     assert tokenizer(start_server(n_parallel=1)).apply_chat_template(TALK) == formatter(messages=TALK).prompt
 
 

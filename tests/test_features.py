@@ -14,7 +14,7 @@ import jsonschema
 import numpy as np
 import pykka
 import pytest
-from helpers import NO_EOG, Recorder, compare, same_greedy
+from helpers import NO_EOG, Recorder, compare, model_formatter, same_greedy
 from test_greedy import reference
 
 from actors import (
@@ -185,14 +185,8 @@ CONVERSATIONS = [
 def test_greedy_chat_equals_create_chat_completion(
     start_server: StartServer, reference_llama: Any, messages: list[dict[str, str]]
 ) -> None:
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
     llm = reference_llama
-    formatter = Jinja2ChatFormatter(
-        template=llm.metadata["tokenizer.chat_template"],
-        eos_token=llm._model.token_get_text(llm.token_eos()),
-        bos_token=llm._model.token_get_text(llm.token_bos()),
-    )
+    formatter = model_formatter(llm)
     prompt = llm.tokenize(formatter(messages=messages).prompt.encode(), add_bos=False, special=True)
     expected, margins = reference(llm, prompt)
     first_step = log_softmax(llm.scores[len(prompt) - 1])

@@ -185,7 +185,7 @@ def test_sharing_off_reuses_only_a_slots_own_cache(start_server: StartServer) ->
 
 
 def test_a_burst_on_one_prefix_computes_it_once(start_server: StartServer) -> None:
-    document = "Document: " + " ".join(f"Clause {i} binds party {i % 7} to rule {i % 11}." for i in range(60))
+    document = "Document: " + " ".join(f"Clause {i} binds party {i % 7} to rule {i % 11}." for i in range(30))
     prompts = [f"{document}\nQuestion {i}: {QUESTIONS[i % 4]}\nAnswer:" for i in range(8)]
     computed = {}
     for sharing in (True, False):
@@ -196,7 +196,7 @@ def test_a_burst_on_one_prefix_computes_it_once(start_server: StartServer) -> No
         computed[sharing] = sum(m["prefill_tokens"] for m, _ in recorder.of("tick"))
         shared = shared_tokens(ref, prompts[0], prompts[1])
         ref.stop()
-    assert shared > 500
+    assert shared > 250
     unique = shared + sum(c.prompt_tokens - shared for c in got)
     # The first request prefills the document; the others wait for it, then copy it.
     assert computed[True] <= 1.1 * unique
