@@ -89,6 +89,12 @@ LEFT_OUT: tuple[tuple[str, str], ...] = (
         "--reasoning auto; ours renders the Jinja template as written",
     ),
     (
+        "unit/test_completion.py::test_completion_unified[[]256-4-n_predict_vals2-*",
+        "llama-server answers 500 to the three requests that overflow the unified KV; ours "
+        "preempts and completes all four, and the test then wants each 200 to reach n_predict, "
+        "which a sampled completion that meets end-of-generation first does not",
+    ),
+    (
         "unit/test_chat_completion.py::test_apply_chat_template",
         "a template built into llama.cpp's C++ by name (command-r); ours knows chatml and llama3, "
         "or takes the Jinja text",
