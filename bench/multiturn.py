@@ -85,12 +85,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--n-ctx", type=int, default=8192)
     parser.add_argument("--n-threads", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="4 conversations, 2 slots, 200 tokens, 2 turns")
+    parser.add_argument("--quick", action="store_true", help="3 conversations, 2 slots, 120 tokens, 2 turns")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
-        args.conversations, args.n_parallel, args.system_tokens, args.turns, args.max_tokens = 4, 2, 200, 2, 4
+        args.conversations, args.n_parallel, args.system_tokens, args.turns, args.max_tokens = 3, 2, 120, 2, 4
         args.n_ctx = 2048
     if args.child:
         print(json.dumps(run_mode(args.child, args)))

@@ -187,13 +187,14 @@ def test_load_every_request_has_exactly_one_outcome(start_server: StartServer) -
     import random
 
     recorder = Recorder()
-    ref = start_server(n_parallel=8, max_queue=16, n_ctx=4096)
+    # 16 callers on 8 slots and a queue of 4: some requests find it full.
+    ref = start_server(n_parallel=8, max_queue=4, n_ctx=4096)
     outcomes: dict[str, str] = {}
     lock = threading.Lock()
 
     def caller(seed: int) -> None:
         rng = random.Random(seed)
-        for k in range(8):
+        for k in range(6):
             request_id = f"{seed}-{k}"
             n = rng.randint(1, 24)
             try:
@@ -213,12 +214,12 @@ def test_load_every_request_has_exactly_one_outcome(start_server: StartServer) -
                 assert request_id not in outcomes
                 outcomes[request_id] = result
 
-    threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(24)]
+    threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(16)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=300)
-    assert len(outcomes) == 24 * 8
+    assert len(outcomes) == 16 * 6
     assert set(outcomes.values()) <= {"eog", "max_tokens", "streamed", "cancelled", "QueueFull"}
     settle(ref)
     starts = {md["request_id"] for _, md in recorder.of("start")}
