@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench-peers bench bench-http compat clean
+.PHONY: install demo test lint docs bench-peers bench bench-http bench-smoke compat clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench: install
 # bench/results/http.md. A missing peer is skipped; make bench-peers builds them.
 bench-http: install
 	$(PY) bench/http.py
+
+# The bench scripts' smoke tests that make test leaves out (the suite's time budget).
+bench-smoke: install
+	$(PY) -m pytest -m bench_smoke tests/test_bench.py
 
 # llama.cpp's own server tests against llama-server and ours (bench/compat.py):
 # both pass counts and the difference; bench/results/compat.md.

@@ -1,4 +1,8 @@
-"""Each bench script runs at a tiny size, so it cannot rot (no timing is asserted)."""
+"""Each bench script runs at a tiny size, so it cannot rot (no timing is asserted).
+
+The slowest of them are marked ``bench_smoke``: ``make bench-smoke`` runs them, ``make
+test`` (and CI) leaves them out to keep the suite within its time budget.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ def test_throughput(tmp_path: Path) -> None:
     assert (tmp_path / "throughput.png").stat().st_size > 10_000
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(450)
 def test_strategies(tmp_path: Path) -> None:
     run("strategies.py", tmp_path, "--quick")
@@ -52,6 +57,7 @@ def test_scaling(tmp_path: Path) -> None:
     assert (tmp_path / "scaling.png").exists()
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(450)
 def test_multiturn(tmp_path: Path) -> None:
     run("multiturn.py", tmp_path, "--quick")
@@ -94,6 +100,7 @@ def test_soak() -> None:
     assert "OK: every request had exactly one outcome" in result.stdout, result.stdout + result.stderr[-2000:]
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(450)
 def test_pool(tmp_path: Path) -> None:
     pytest.importorskip("ray", reason="the ray extra is not installed")
@@ -106,6 +113,7 @@ def test_pool(tmp_path: Path) -> None:
     assert "prefix-cache hit ratio" in table
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(450)
 def test_fairness(tmp_path: Path) -> None:
     out = run("fairness.py", tmp_path, "--quick")
