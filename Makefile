@@ -57,7 +57,7 @@ bench: install
 bench-http: install
 	$(PY) bench/http.py
 
-# The bench scripts' smoke tests that make test leaves out (the suite's time budget).
+# The bench scripts' smoke tests, which make test leaves out (the suite's time budget).
 bench-smoke: install
 	$(PY) -m pytest -m bench_smoke tests/test_bench.py
 

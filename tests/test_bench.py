@@ -1,7 +1,7 @@
 """Each bench script runs at a tiny size, so it cannot rot (no timing is asserted).
 
-The slowest of them are marked ``bench_smoke``: ``make bench-smoke`` runs them, ``make
-test`` (and CI) leaves them out to keep the suite within its time budget.
+All but the soak test are marked ``bench_smoke``: ``make bench-smoke`` runs them,
+``make test`` (and CI) leaves them out to keep the suite within its time budget.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def run(script: str, out: Path, *args: str) -> str:
     return result.stdout
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(450)
 def test_throughput(tmp_path: Path) -> None:
     out = run(
@@ -50,6 +51,7 @@ def test_strategies(tmp_path: Path) -> None:
     assert (tmp_path / "strategies.png").exists()
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(450)
 def test_scaling(tmp_path: Path) -> None:
     run("scaling.py", tmp_path, "--quick")
@@ -67,6 +69,7 @@ def test_multiturn(tmp_path: Path) -> None:
     assert (tmp_path / "multiturn.png").exists()
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(450)
 def test_sharing(tmp_path: Path) -> None:
     out = run("sharing.py", tmp_path, "--quick", "--systems", "sharing,no-sharing")
@@ -123,6 +126,7 @@ def test_fairness(tmp_path: Path) -> None:
     assert "x alone" in out
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(120)
 def test_http(tmp_path: Path) -> None:
     out = run("http.py", tmp_path, "--quick", "--servers", "ours")
