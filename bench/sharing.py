@@ -377,7 +377,7 @@ def report(
             kv = str(r["kv_peak"]) if s != "llama-server" else f"~{r['kv_peak']} (Σ /slots)"
             rows.append([s, cell, str(r["requests"]), f"{r['computed']:.0f}", f"{r['unique']:.0f}",
                          f"{r['computed'] / r['unique']:.2f}", kv, f"{_p50(r):.0f}",
-                         f"{percentile(r['ttft_ms'], 95):.0f}", f"{statistics.mean(r['ttft_ms']):.0f}",
+                         f"{percentile(r['ttft_ms'], 95):.0f}", f"{_mean(r):.0f}",
                          f"{r['wall_s']:.1f}"])  # fmt: skip
     peers = [s for s in systems if s != "sharing"]
     ratio_rows = []

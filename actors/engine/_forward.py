@@ -196,19 +196,18 @@ class ForwardPass(Sampling):
             if victim is not stuck:
                 self._forward(live, purge_allowed=False)
 
-    def _purge_idle(self) -> bool:
-        """Free the KV of every idle slot (saved to RAM when on); True if any was freed."""
-        purged = self.memory.purge_idle(self.slots)
+    def _purge_idle(self, need: int | None = None, last: frozenset[int] = frozenset()) -> int:
+        """Free idle caches (saved to RAM when on), least recently used first and ``last``'s
+        last, until ``need`` cells are free (all when None); how many were purged."""
+        purged = self.memory.purge_idle(self.slots, need, last)
         if purged:
             self._kv_event("purge", {"purged_slots": purged})
-        return purged > 0
+        return purged
 
-    def _make_room(self, need: int, keep: frozenset[int]) -> bool:
-        """Free idle caches, least recently used first and never ``keep``'s, until ``need``
-        cells are free (a RAM restore needs that many empty); whether they are."""
-        purged = self.memory.purge_idle(self.slots, need, keep)
-        if purged:
-            self._kv_event("purge", {"purged_slots": purged})
+    def _make_room(self, need: int, last: frozenset[int]) -> bool:
+        """``_purge_idle`` until ``need`` cells are free (a RAM restore needs that many
+        empty); whether they are."""
+        self._purge_idle(need, last)
         return self.memory.free_cells >= need
 
     def _preempt(self, slot: Slot) -> None:

@@ -103,7 +103,7 @@ class RamCache:
 
 
 Emit = Callable[[str, dict[str, Any], dict[str, Any]], None]
-# make_room(need, keep): free idle caches but keep's until ``need`` cells are free; whether they are.
+# make_room(need, last): free idle caches, last's last, until ``need`` cells are free; whether they are.
 MakeRoom = Callable[[int, frozenset[int]], bool]
 
 
@@ -203,7 +203,7 @@ class KVMemory:
     ) -> tuple[Slot, int]:
         """Pick a slot for ``request`` and give it the longest reusable prefix there is.
 
-        ``make_room(need, keep)`` frees idle caches (never those of the ``keep`` sequences)
+        ``make_room(need, last)`` frees idle caches (those of the ``last`` sequences last)
         until ``need`` cells are free, when a RAM entry does not fit: admission counts
         idle caches as free, but llama.cpp restores a sequence only into cells that are
         empty now. When there is no room, a donor's prefix is copied instead.
@@ -225,16 +225,15 @@ class KVMemory:
         n_ram = min(n_ram, cap)
         restored = 0
         if entry is not None and n_ram > max(own, n_donor) and n_ram >= MIN_SAVED_TOKENS:
-            keep = frozenset((donor,) if donor is not None and n_donor >= MIN_SAVED_TOKENS else ())
-            restored = own = self._restore(slot, entry, n_ram, make_room, keep)
+            spare = frozenset((donor,) if donor is not None and n_donor >= MIN_SAVED_TOKENS else ())
+            restored = own = self._restore(slot, entry, n_ram, make_room, spare)
             if donor is not None:  # making room may have purged it
                 n_donor = min(n_donor, self.cells.length(donor))
-        if restored and donor is not None and MIN_SAVED_TOKENS <= n_donor <= restored:
-            # A RAM entry is a private copy of all it holds; the prefix a donor holds
-            # is the same tokens, so the slot takes the donor's cells for it instead.
-            self._adopt(donor, slot, n_donor)
-            n_reuse = restored
-        elif restored:
+        if restored:
+            if donor is not None and MIN_SAVED_TOKENS <= n_donor <= restored:
+                # A RAM entry is a private copy of all it holds; the prefix a donor holds
+                # is the same tokens, so the slot takes the donor's cells for it instead.
+                self._adopt(donor, slot, n_donor)
             n_reuse = restored
         elif donor is not None and n_donor > own:
             own = self._trim(slot, own)
@@ -298,17 +297,15 @@ class KVMemory:
         return slot
 
     def _restore(
-        self, slot: Slot, entry: RamEntry, n: int, make_room: MakeRoom | None, keep: frozenset[int]
+        self, slot: Slot, entry: RamEntry, n: int, make_room: MakeRoom | None, spare: frozenset[int]
     ) -> int:
         """Load ``entry`` into ``slot`` and keep its first ``n`` tokens; how many it kept:
-        0 (the slot left empty) when the cells for the whole entry are not free."""
+        0 (the slot left empty) when the cells for the whole entry are not free. Making
+        room purges the ``spare`` caches (the donor's) only if the others are not enough."""
         self.save(slot)
-        self.drop(slot)  # true from here: make_room() must not save it again
+        self.drop(slot)  # true from here, and empty: make_room() never purges it
         need = len(entry.tokens)
-        if self.free_cells < need and make_room is not None:
-            # Spare the donor's cache if that is enough, else it goes too.
-            make_room(need, keep | {slot.seq_id}) or make_room(need, frozenset({slot.seq_id}))
-        if self.free_cells < need:
+        if self.free_cells < need and (make_room is None or not make_room(need, spare)):
             return 0
         slot.scope = entry.scope  # what it holds from here on, before anything saves it
         if not self.backend.seq_restore(slot.seq_id, entry.state):
@@ -388,13 +385,13 @@ class KVMemory:
         self.save(slot)
         self.drop(slot)
 
-    def purge_idle(self, slots: Sequence[Slot], need: int | None = None, keep: Collection[int] = ()) -> int:
-        """Free idle slots' cached KV (KV pressure), least recently used first, until
-        ``need`` cells are free (all of them when None), never the ``keep`` sequences';
+    def purge_idle(self, slots: Sequence[Slot], need: int | None = None, last: Collection[int] = ()) -> int:
+        """Free idle slots' cached KV (KV pressure), least recently used first and the
+        ``last`` sequences' last, until ``need`` cells are free (all of them when None);
         returns how many were purged."""
-        idle = [slot for slot in slots if slot.request is None and slot.cached and slot.seq_id not in keep]
+        idle = [slot for slot in slots if slot.request is None and slot.cached]
         purged = 0
-        for slot in sorted(idle, key=lambda s: s.t_last_used):
+        for slot in sorted(idle, key=lambda s: (s.seq_id in last, s.t_last_used)):
             if need is not None and self.free_cells >= need:
                 break
             self.forget(slot)
