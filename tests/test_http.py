@@ -906,3 +906,32 @@ def test_templates_see_todays_date_and_tools_as_llama_cpp_gives_them(model_path:
         )
     finally:
         server.stop()
+
+
+# -- the templated token events ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text", ["", "plain", 'quote " and \\ backslash', "é ü 中文 🙂", "\n\t\x01\x00 ctl", "\u2028\u2029"]
+)
+def test_text_events_are_the_bytes_sse_gives(text: str) -> None:
+    from actors.http._generation import TextEvents, sse
+
+    def make(value: str, index: int) -> dict[str, Any]:
+        return {"id": "x", "model": "m", "choices": [{"text": value, "index": index, "finish_reason": None}]}
+
+    events = TextEvents(make)
+    for index in (0, 3, 0):
+        assert events(text, index) == sse(make(text, index))
+        assert json.loads(events(text, index)[6:]) == make(text, index)
+
+
+def test_text_events_without_a_template_when_the_shape_holds_the_marker() -> None:
+    from actors.http._generation import TextEvents, sse
+
+    def make(value: str, index: int) -> dict[str, Any]:
+        return {"model": "alias\x00with a nul", "choices": [{"text": value, "index": index}]}
+
+    events = TextEvents(make)
+    assert events("tok\x00en", 1) == sse(make("tok\x00en", 1))
+    assert events("more", 1) == sse(make("more", 1))

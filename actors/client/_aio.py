@@ -14,6 +14,7 @@ for by polling, never by blocking the loop.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -40,17 +41,64 @@ Event = Progress | Token | Done | Failed
 
 
 class _LoopQueue:
-    """A ``reply_to`` that moves events from the engine thread onto an event loop."""
+    """A ``reply_to`` that moves events from the engine thread onto an event loop.
+
+    ``put`` runs on the engine thread, everything else on the loop. A waiting ``get``
+    is one future, woken by the event's arrival or by the channel's check timer, which
+    fires at most every ``_LIVENESS_POLL_S`` while someone waits: a stream's token
+    costs no task and no timer (``asyncio.wait_for`` on a ``Queue`` would make both).
+    """
 
     def __init__(self) -> None:
         import asyncio
 
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: collections.deque[Event] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def put(self, event: Event) -> None:
         # Raises RuntimeError once the loop is closed: the engine then cancels the request.
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        self.loop.call_soon_threadsafe(self._arrive, event)
+
+    def _arrive(self, event: Event) -> None:
+        self._events.append(event)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _check(self) -> None:
+        self._timer = None
+        self._wake()
+
+    def get_nowait(self) -> Event | None:
+        """The next event if one is waiting, else None."""
+        return self._events.popleft() if self._events else None
+
+    async def get(self, wait: float) -> Event | None:
+        """The next event, or None if none came in about ``wait`` s (at most the poll)."""
+        if self._events:
+            return self._events.popleft()
+        waiter = self.loop.create_future()
+        self._waiter = waiter
+        if self._timer is None or wait < _LIVENESS_POLL_S:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_later(wait, self._check)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+        return self._events.popleft() if self._events else None
+
+    def close(self) -> None:
+        """Stop the check timer (the stream is over)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 async def _target(ref: Any, deadline: float | None) -> Any:
@@ -96,7 +144,7 @@ async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> 
     ends = message.n  # a Done or Failed for each choice
     try:
         while True:
-            event = await _next(target, channel.queue, deadline, timeout)
+            event = await _next(target, channel, deadline, timeout)
             if isinstance(event, Done | Failed):
                 ends -= 1
                 finished = ends == 0
@@ -106,6 +154,7 @@ async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> 
             if each and timeout is not None:
                 deadline = loop.time() + timeout  # the consumer's own time does not count
     finally:
+        channel.close()
         if not finished:  # the task was cancelled, timed out or stopped iterating
             _tell_cancel(target, message)
 
@@ -123,22 +172,18 @@ def _cancel_if_admitted(told: asyncio.Future[Any], target: Any) -> None:
         _tell_cancel(target, told.result())
 
 
-async def _next(
-    target: Any, queue: asyncio.Queue[Event], deadline: float | None, timeout: float | None
-) -> Event:
-    import asyncio
-
-    # An event already waiting is taken at once: wait_for makes a task and a timer per
-    # call, a cost every token of every stream would pay.
-    with contextlib.suppress(asyncio.QueueEmpty):
-        return queue.get_nowait()
-    loop = asyncio.get_running_loop()
+async def _next(target: Any, channel: _LoopQueue, deadline: float | None, timeout: float | None) -> Event:
+    event = channel.get_nowait()
+    if event is not None:
+        return event
+    loop = channel.loop
     while True:
         wait = (
             _LIVENESS_POLL_S if deadline is None else max(min(_LIVENESS_POLL_S, deadline - loop.time()), 0.0)
         )
-        with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(queue.get(), wait)
+        event = await channel.get(wait)
+        if event is not None:
+            return event
         if deadline is not None and loop.time() >= deadline:
             raise RequestTimeout(f"nothing from the engine within {timeout} s; request cancelled")
         if not target.is_alive():

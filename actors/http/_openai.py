@@ -22,6 +22,7 @@ from actors import Completion, Done, EngineError, Progress, Token
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
+    TextEvents,
     complete,
     error_event,
     finish_reason,
@@ -237,15 +238,21 @@ class _Choices:
 async def _completion_events(
     opened: Opened, envelope: dict[str, Any], stream: _Choices
 ) -> AsyncIterator[bytes]:
+    def chunk(text: str, index: int, probs: dict[str, Any] | None = None) -> dict[str, Any]:
+        choice = {"text": text, "index": index, "logprobs": probs, "finish_reason": None}
+        return {**envelope, "choices": [choice]}
+
+    text_event = TextEvents(chunk)
     try:
         async for event in opened.events():
             if isinstance(event, Progress):
-                empty = {"text": "", "index": 0, "logprobs": None, "finish_reason": None}
-                yield sse(_progress({**envelope, "choices": [empty]}, event, stream.per_token))
+                yield sse(_progress(chunk("", 0), event, stream.per_token))
             elif isinstance(event, Token):
-                probs = {"content": logprobs_json([event.logprob], stream.post)} if event.logprob else None
-                choice = {"text": event.text, "index": event.index, "logprobs": probs, "finish_reason": None}
-                yield sse({**envelope, "choices": [choice]})
+                if event.logprob:
+                    probs = {"content": logprobs_json([event.logprob], stream.post)}
+                    yield sse(chunk(event.text, event.index, probs))
+                else:
+                    yield text_event(event.text, event.index)
             elif isinstance(event, Done):
                 done = event.completion
                 reason = finish_reason(done)
@@ -339,6 +346,7 @@ async def _chat_events(opened: Opened, envelope: dict[str, Any], stream: _Choice
         return {**envelope, "choices": [choice]}
 
     role = {"role": "assistant", "content": None}
+    text_event = TextEvents(lambda text, index: choices({"content": text}, index))
     for index in range(stream.n):  # each choice opens with its role, as OpenAI's do
         yield sse(choices(role, index))
     try:
@@ -346,12 +354,11 @@ async def _chat_events(opened: Opened, envelope: dict[str, Any], stream: _Choice
             if isinstance(event, Progress):  # llama-server's: the role delta, with the progress
                 yield sse(_progress(choices(role), event, stream.per_token))
             elif isinstance(event, Token):
-                if event.text or event.logprob:
-                    probs = (
-                        {"content": logprobs_json([event.logprob], stream.post)} if event.logprob else None
-                    )
-                    extra = {"logprobs": probs} if probs else {}
-                    yield sse(choices({"content": event.text}, event.index, extra))
+                if event.logprob:
+                    probs = {"content": logprobs_json([event.logprob], stream.post)}
+                    yield sse(choices({"content": event.text}, event.index, {"logprobs": probs}))
+                elif event.text:
+                    yield text_event(event.text, event.index)
             elif isinstance(event, Done):
                 done = event.completion
                 final: dict[str, Any] = {
