@@ -1,22 +1,26 @@
 """Batch strategies: how one tick's token budget is split between decode and prefill.
 
 ``DecodeMaximal`` is the default. Write your own by subclassing ``BatchStrategy``;
-see ``examples/custom_strategy.py``.
+see ``examples/custom_strategy.py``. With speculative decoding, ``plan_drafts`` (by
+default ``add_drafts``) spends what the plan leaves on draft tokens.
 """
 
 from __future__ import annotations
 
-from strategies._base import BatchPlan, BatchStrategy, SlotPlan, SlotState, SlotView
+from strategies._base import BatchPlan, BatchStrategy, DecodeCost, SlotPlan, SlotState, SlotView
 from strategies._builtin import Adaptive, Balanced, DecodeMaximal, PrefillPriority
+from strategies._drafts import add_drafts
 
 __all__ = [
     "Adaptive",
     "Balanced",
     "BatchPlan",
     "BatchStrategy",
+    "DecodeCost",
     "DecodeMaximal",
     "PrefillPriority",
     "SlotPlan",
     "SlotState",
     "SlotView",
+    "add_drafts",
 ]

@@ -1,5 +1,11 @@
 """The strategy contract: read-only slot views in, a batch plan out.
 
+With speculative decoding on, a slot's view also says how many draft tokens the
+engine proposes for it and how often its drafts were right; after ``build_batch``
+the engine calls ``plan_drafts``, which spends the budget left on them (by default
+:func:`strategies.add_drafts`: only the drafts whose expected tokens pay for the
+longer forward pass they cause, by the engine's measured ``DecodeCost``).
+
 A strategy runs in the engine's actor thread, once per tick, and must be a pure
 function of its arguments: it mutates nothing, sends no signal and calls nothing in
 llama.cpp. The engine validates the plan it returns before it touches a batch, so a
@@ -11,10 +17,11 @@ from __future__ import annotations
 
 import abc
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BatchPlan", "BatchStrategy", "SlotPlan", "SlotState", "SlotView"]
+__all__ = ["BatchPlan", "BatchStrategy", "DecodeCost", "SlotPlan", "SlotState", "SlotView"]
 
 
 class SlotState(enum.IntEnum):
@@ -36,6 +43,10 @@ class SlotView:
         prefill_remaining: prompt tokens not yet in the KV cache.
         generated_tokens: tokens generated so far for the request.
         arrival: the request's arrival order (smaller arrived earlier).
+        draft_tokens: draft tokens the engine proposes to verify after the pending
+            token (0 without speculation, or when the drafter has none).
+        draft_acceptance: the estimated chance that each next draft token is right,
+            from the request's recent verifications (0 to 1).
     """
 
     seq_id: int
@@ -44,6 +55,8 @@ class SlotView:
     prefill_remaining: int
     generated_tokens: int
     arrival: int
+    draft_tokens: int = 0
+    draft_acceptance: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +68,14 @@ class SlotPlan:
         decode: decode the slot's pending token (one batch token, logits requested).
         prefill_tokens: how many of the slot's remaining prompt tokens to prefill; the
             engine requests logits on the last one only when it completes the prompt.
+        draft_tokens: how many of the slot's proposed draft tokens to verify after its
+            pending token (needs ``decode``; each is one more batch token with logits).
     """
 
     seq_id: int
     decode: bool = False
     prefill_tokens: int = 0
+    draft_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +99,37 @@ class BatchPlan:
         return sum(entry.prefill_tokens for entry in self.slots)
 
     @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens verified by the plan."""
+        return sum(entry.draft_tokens for entry in self.slots)
+
+    @property
     def num_tokens(self) -> int:
         """Batch size the plan asks for."""
-        return self.num_decode_tokens + self.num_prefill_tokens
+        return self.num_decode_tokens + self.num_prefill_tokens + self.num_draft_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeCost:
+    """What a forward pass costs, as the engine measures it: ``fixed_ms`` plus
+    ``per_token_ms`` for each token of the batch.
+
+    On a CPU ``per_token_ms`` is large (a 17-token batch costs about 9 one-token
+    ones on a 2-core Xeon), so a draft token pays only when it is likely right.
+    """
+
+    fixed_ms: float
+    per_token_ms: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.fixed_ms) and self.fixed_ms >= 0):
+            raise ValueError(f"fixed_ms must be a finite number >= 0, got {self.fixed_ms!r}")
+        if not (math.isfinite(self.per_token_ms) and self.per_token_ms > 0):
+            raise ValueError(f"per_token_ms must be a finite number > 0, got {self.per_token_ms!r}")
+
+    def batch_ms(self, n_tokens: int) -> float:
+        """The expected time of a forward pass over ``n_tokens``."""
+        return self.fixed_ms + self.per_token_ms * n_tokens
 
 
 class BatchStrategy(abc.ABC):
@@ -116,8 +160,30 @@ class BatchStrategy(abc.ABC):
         Returns:
             The plan; at most ``budget`` tokens, a slot at most once, a decode only
             for a slot with a pending token, and per slot at most
-            ``min(chunk_size, prefill_remaining)`` prefill tokens.
+            ``min(chunk_size, prefill_remaining)`` prefill tokens. Draft tokens may
+            be planned here too (at most the view's ``draft_tokens``, with a decode),
+            but the built-ins leave them to :meth:`plan_drafts`.
         """
+
+    def plan_drafts(
+        self, slots: Sequence[SlotView], plan: BatchPlan, budget: int, cost: DecodeCost
+    ) -> BatchPlan:
+        """Add draft tokens to ``plan`` (called only when some slot has a draft).
+
+        Args:
+            slots: the views ``build_batch`` saw.
+            plan: what ``build_batch`` returned.
+            budget: the most draft tokens the batch and the KV cells can still take.
+            cost: the engine's measured cost of a forward pass.
+
+        Returns:
+            The plan with each decoding slot's ``draft_tokens`` set; by default
+            :func:`strategies.add_drafts` (drafts only where they pay). Override it
+            to return ``plan`` for a strategy that never speculates.
+        """
+        from strategies._drafts import add_drafts
+
+        return add_drafts(slots, plan, budget, cost)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

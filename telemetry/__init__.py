@@ -16,14 +16,16 @@ signal                 measurements                                  metadata
 ``tick``               ``batch_size``, ``decode_tokens``,            ``slots``: a tuple of
                        ``prefill_tokens``, ``active_slots``,         ``SlotSample``, one
                        ``queue_depth``, ``eval_ms``,                 per slot
-                       ``kv_cells_used``, ``kv_cells_total``
+                       ``kv_cells_used``, ``kv_cells_total``,
+                       ``draft_tokens``, ``draft_accepted``
 ``request_start``      ``prompt_tokens``, ``prefix_cache_tokens``    ``request_id``,
                                                                      ``seq_id``, ``mode``
 ``request_done``       ``prompt_tokens``, ``generated_tokens``,      ``request_id``,
                        ``duration_ms``, ``ttft_ms``,                 ``seq_id``, ``mode``,
                        ``prompt_eval_rate``, ``generation_rate``,    ``stop_reason``
                        ``prefix_cache_tokens``,
-                       ``prefix_cache_ratio``
+                       ``prefix_cache_ratio``, ``draft_tokens``,
+                       ``draft_accepted``
 ``request_exception``  as ``request_done``                           as ``request_done``,
                                                                      ``stop_reason="error"``,
                                                                      ``reason``
@@ -43,7 +45,9 @@ signal                 measurements                                  metadata
 Units: ``*_ms`` are milliseconds (``eval_ms`` is the time inside ``llama_decode``);
 rates are tokens per second; ``mode`` is ``"generate"`` or ``"stream"``;
 ``prefix_cache_ratio`` is ``prefix_cache_tokens / prompt_tokens``; ``reason`` is the
-error's message.
+error's message. ``draft_tokens`` are draft tokens verified (speculative decoding; 0
+without it) and ``draft_accepted`` those of them that were right; the tick's
+``decode_tokens`` counts slots decoding, its ``batch_size`` their drafts too.
 """
 
 from __future__ import annotations

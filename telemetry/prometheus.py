@@ -123,6 +123,18 @@ class PrometheusExporter:
         self.restarts = Counter(
             "server_restarts", "Supervisor restarts of a crashed engine.", ["replica"], **kw
         )
+        self.draft_tokens = Counter(
+            "draft_tokens", "Draft tokens verified (speculative decoding).", ["replica"], **kw
+        )
+        self.draft_accepted = Counter(
+            "draft_accepted_tokens", "Draft tokens verified and right.", ["replica"], **kw
+        )
+        self.draft_acceptance = Gauge(
+            "draft_acceptance_ratio",
+            "Draft tokens right / draft tokens verified, since start.",
+            ["replica"],
+            **kw,
+        )
         self._collectors = [
             self.requests,
             self.prompt_tokens,
@@ -139,10 +151,15 @@ class PrometheusExporter:
             self.kv_usage,
             self.kv_pressure,
             self.restarts,
+            self.draft_tokens,
+            self.draft_accepted,
+            self.draft_acceptance,
         ]
         self._lock = threading.Lock()  # the hit ratio's two sums; engines of a pool run in parallel
         self._prompt_sum: dict[str, int] = {}
         self._cached_sum: dict[str, int] = {}
+        self._drafted_sum: dict[str, int] = {}
+        self._accepted_sum: dict[str, int] = {}
         self._subscription = telemetry.Subscription(
             {
                 telemetry.request_done: self._on_done,
@@ -193,6 +210,15 @@ class PrometheusExporter:
         used, total = measurements["kv_cells_used"], measurements["kv_cells_total"]
         self.kv_cells_used.labels(replica).set(used)
         self.kv_usage.labels(replica).set(used / total if total else 0.0)
+        drafted = measurements.get("draft_tokens", 0)
+        if drafted:
+            accepted = measurements.get("draft_accepted", 0)
+            self.draft_tokens.labels(replica).inc(drafted)
+            self.draft_accepted.labels(replica).inc(accepted)
+            with self._lock:
+                d = self._drafted_sum[replica] = self._drafted_sum.get(replica, 0) + drafted
+                a = self._accepted_sum[replica] = self._accepted_sum.get(replica, 0) + accepted
+            self.draft_acceptance.labels(replica).set(a / d)
 
     def _on_kv_pressure(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         self.kv_pressure.labels(_replica(metadata), metadata["event"]).inc()

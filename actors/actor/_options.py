@@ -50,6 +50,7 @@ from strategies import BatchStrategy, DecodeMaximal
 __all__ = [
     "KV_CACHE_TYPES",
     "MAX_CHAT_TEMPLATE_CHARS",
+    "MAX_DRAFT",
     "MAX_NAME_LENGTH",
     "MAX_N_CTX",
     "MAX_N_PARALLEL",
@@ -242,6 +243,21 @@ def _megabytes(value: object) -> float:
     return number
 
 
+MAX_DRAFT = 256
+"""``draft_max`` at most: draft tokens one slot may have verified in one tick."""
+
+
+def _speculation(spec_type: object, draft_max: object, draft_model_path: object) -> tuple[str | None, int]:
+    if spec_type is not None and spec_type not in ("ngram", "draft"):
+        raise ConfigError(f"spec_type must be None (off), 'ngram' or 'draft', got {_show(spec_type)}")
+    draft_max = _int("draft_max", draft_max, 1, MAX_DRAFT)
+    if spec_type == "draft":
+        raise ConfigError("spec_type='draft' (a draft model) is not available yet; use spec_type='ngram'")
+    if draft_model_path is not None:
+        raise ConfigError("draft_model_path is for spec_type='draft'")
+    return spec_type, draft_max
+
+
 def _sampling(values: dict[str, object]) -> SamplingParams:
     for name in (*_SAMPLING_INTS, *_SAMPLING_FLOATS):
         value = values[name]
@@ -287,6 +303,8 @@ class StartOptions:
     name: str | None
     chat_template: str | None
     chat_template_kwargs: Mapping[str, Any]
+    spec_type: str | None = None
+    draft_max: int = 16
 
     def backend_options(self, model_path: str) -> BackendOptions:
         """What the backend loads, for the resolved ``model_path`` (caller's thread)."""
@@ -319,6 +337,8 @@ class StartOptions:
             context_shift=self.context_shift,
             ram_budget_bytes=self.ram_budget_bytes,
             name=self.name,
+            spec_type=self.spec_type,
+            draft_max=self.draft_max,
         )
 
 
@@ -358,6 +378,9 @@ def check_options(
     name: object = None,
     chat_template: object = None,
     chat_template_kwargs: object = None,
+    spec_type: object = None,
+    draft_max: object = 16,
+    draft_model_path: object = None,
 ) -> StartOptions:
     """Check ``ServerActor``'s start options, each and in combination (caller's thread).
 
@@ -426,6 +449,7 @@ def check_options(
         "penalty_freq": penalty_freq, "penalty_present": penalty_present, "grammar": grammar,
     }  # fmt: skip
     ram_mb = _megabytes(prompt_cache_ram_mb)
+    spec_type, draft_max = _speculation(spec_type, draft_max, draft_model_path)
     return StartOptions(
         model_path=_model_path(model_path),
         n_ctx=n_ctx,
@@ -453,4 +477,6 @@ def check_options(
         name=_name(name),
         chat_template=_chat_template(chat_template),
         chat_template_kwargs=_chat_template_kwargs(chat_template_kwargs),
+        spec_type=spec_type,
+        draft_max=draft_max,
     )

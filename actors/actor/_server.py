@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import pykka
 
@@ -131,6 +131,9 @@ class ServerActor(pykka.ThreadingActor):
         name: str | None = None,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        spec_type: Literal["ngram", "draft"] | None = None,
+        draft_max: int = 16,
+        draft_model_path: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         # pykka made a plain ActorRef; ours prepares requests in the sender's thread.
@@ -149,7 +152,8 @@ class ServerActor(pykka.ThreadingActor):
             n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, use_mlock=use_mlock,
             n_ctx_per_slot=n_ctx_per_slot, context_shift=context_shift,
             prompt_cache_ram_mb=prompt_cache_ram_mb, name=name, chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs,
+            chat_template_kwargs=chat_template_kwargs, spec_type=spec_type, draft_max=draft_max,
+            draft_model_path=draft_model_path,
         )  # fmt: skip
         self.actor_options = options.backend_options(resolve_model_path(options.model_path))
         self.actor_config = options.engine_config()

@@ -162,6 +162,7 @@ class _RequestMessage:
     n_keep: int = 0
     deadline_s: float | None = None
     priority: int = 0
+    speculate: bool = True
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable (a ServerPool sends requests to Ray replicas): frozen mappings are
@@ -209,6 +210,7 @@ class _RequestMessage:
             if value is not None:
                 self._set(name, _checked_text(name, value, MAX_ID_LENGTH))
         _require(isinstance(self.truncate, bool), "truncate must be a bool")
+        _require(isinstance(self.speculate, bool), f"speculate must be a bool, got {_show(self.speculate)}")
         if self.deadline_s is not None:
             deadline_s = _checked_float("deadline_s", self.deadline_s)
             _require(

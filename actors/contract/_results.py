@@ -54,7 +54,9 @@ class Completion:
     ``ttft_ms`` is the time from admission to the first generated token (equal to
     ``duration_ms`` when none came); ``prefix_cache_tokens`` prompt tokens were
     reused from the KV cache instead of being decoded. ``index`` is the choice, of a
-    request with ``n`` > 1 (0 otherwise).
+    request with ``n`` > 1 (0 otherwise). With speculative decoding, ``draft_tokens``
+    draft tokens were verified for it and ``draft_accepted`` of them were right (each
+    one a token that cost no forward pass of its own).
     """
 
     request_id: str
@@ -69,6 +71,8 @@ class Completion:
     stop_string: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
     index: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,13 +32,18 @@ class BatchArrays:
 
 @dataclass(slots=True)
 class Segment:
-    """The rows ``[start, end)`` one slot fills; ``logits_row`` is -1 when none asks for logits."""
+    """The rows ``[start, end)`` one slot fills; ``logits_row`` is -1 when none asks for logits.
+
+    A decode with ``drafts`` holds the pending token, then that many of the slot's draft
+    tokens, every row with logits (``logits_row`` is the first).
+    """
 
     slot: Slot
     start: int
     end: int
     logits_row: int
     decode: bool
+    drafts: int = 0
 
 
 def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_size: int) -> BatchPlan:
@@ -62,9 +67,11 @@ def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_s
             not _is_int(entry.seq_id)
             or not isinstance(entry.decode, bool)
             or not _is_int(entry.prefill_tokens)
+            or not _is_int(entry.draft_tokens)
         ):
             raise StrategyError(
-                f"a plan entry needs an int seq_id and prefill_tokens and a bool decode: {entry!r}"
+                "a plan entry needs an int seq_id, prefill_tokens and draft_tokens and a bool "
+                f"decode: {entry!r}"
             )
         view = views.get(entry.seq_id)
         if view is None:
@@ -80,7 +87,13 @@ def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_s
                 f"plan prefills {n!r} tokens for seq_id {entry.seq_id}; "
                 f"allowed 0..{min(chunk_size, view.prefill_remaining)}"
             )
-        total += n + (1 if entry.decode else 0)
+        d = entry.draft_tokens
+        if d and (not entry.decode or not 0 < d <= view.draft_tokens):
+            raise StrategyError(
+                f"plan verifies {d!r} draft tokens for seq_id {entry.seq_id}; allowed "
+                f"0..{view.draft_tokens}, and only with its decode"
+            )
+        total += n + d + (1 if entry.decode else 0)
     if total > budget:
         raise StrategyError(f"plan holds {total} tokens, over the budget of {budget}")
     if total == 0 and views:
@@ -92,8 +105,9 @@ def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_s
 def lay_out(plan: BatchPlan, slots: Mapping[int, Slot], arrays: BatchArrays) -> list[Segment]:
     """Write a checked plan into the batch arrays; returns one segment per slot.
 
-    A decode row holds the slot's pending token and asks for logits; a prefill chunk
-    asks for logits on its last row only when it completes the prompt.
+    A decode row holds the slot's pending token and asks for logits (so does each draft
+    row after it); a prefill chunk asks for logits on its last row only when it
+    completes the prompt.
     """
     segments: list[Segment] = []
     row = 0
@@ -101,12 +115,20 @@ def lay_out(plan: BatchPlan, slots: Mapping[int, Slot], arrays: BatchArrays) -> 
         slot = slots[entry.seq_id]
         n_past = len(slot.cached)
         if entry.decode:
+            d = entry.draft_tokens
             arrays.tokens[row] = slot.pending
-            arrays.pos[row] = n_past
-            arrays.seq_ids[row] = slot.seq_id
-            arrays.logits[row] = 1
-            segments.append(Segment(slot, row, row + 1, row, True))
-            row += 1
+            end = row + 1 + d
+            if d:
+                arrays.tokens[row + 1 : end] = slot.draft[:d]
+                arrays.pos[row:end] = np.arange(n_past, n_past + 1 + d, dtype=np.int32)
+                arrays.seq_ids[row:end] = slot.seq_id
+                arrays.logits[row:end] = 1
+            else:
+                arrays.pos[row] = n_past
+                arrays.seq_ids[row] = slot.seq_id
+                arrays.logits[row] = 1
+            segments.append(Segment(slot, row, end, row, True, d))
+            row = end
         elif entry.prefill_tokens:
             assert slot.request is not None and slot.state is SlotState.PREFILLING
             n = entry.prefill_tokens

@@ -19,8 +19,9 @@ from actors.contract._errors import StrategyError
 from actors.engine._admission import Admission
 from actors.engine._batch import Segment, check_plan, lay_out
 from actors.engine._slots import Slot
+from actors.engine._speculative import DraftWant
 from actors.engine._state import EngineConfig
-from strategies import BatchPlan, SlotState
+from strategies import BatchPlan, BatchStrategy, SlotState, SlotView
 
 __all__ = ["Engine", "EngineConfig"]
 
@@ -63,25 +64,57 @@ class Engine(Admission):
         busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
         if not busy:
             return
+        if self.drafter is not None:
+            self._propose(busy)
         plan = self._plan(busy)
         if plan is None:
             return
         segments = lay_out(plan, busy, self._arrays)
         self._eval_s = 0.0
+        self._drafted_now = self._accepted_now = 0
         self._forward(segments, purge_allowed=True)
         if telemetry.tick.receivers:
             self._emit_tick(segments)
 
+    def _propose(self, busy: dict[int, Slot]) -> None:
+        """Ask the drafter for each generating slot's draft (``Slot.draft``).
+
+        A draft never reaches the context's end (a shift or a "length" end inside a
+        verified run would meet draft cells not yet dropped) nor past ``max_tokens``:
+        a run of ``k`` drafts emits up to ``k + 1`` tokens.
+        """
+        assert self.drafter is not None
+        wants, slots = [], []
+        for slot in busy.values():
+            slot.draft = []
+            request = slot.request
+            if slot.state is not SlotState.GENERATING or request is None or request.acceptance is None:
+                continue
+            room = self.n_ctx_slot - len(slot.cached) - 3
+            left = request.message.max_tokens - len(request.token_ids) - 1
+            limit = min(self.config.draft_max, room, left)
+            if limit > 0:
+                wants.append(DraftWant(slot.seq_id, request, request.prompt, request.token_ids, limit))
+                slots.append(slot)
+        if wants:
+            for slot, draft in zip(slots, self.drafter.propose(wants), strict=True):
+                slot.draft = draft
+
     def _plan(self, busy: dict[int, Slot]) -> BatchPlan | None:
         views = {seq_id: slot.view() for seq_id, slot in busy.items()}
+        n_batch = self.backend.n_batch
+        strategy = self.config.batch_strategy
         try:
-            plan = self.config.batch_strategy.build_batch(
-                list(views.values()),
-                self.backend.n_batch,
-                self.config.chunk_size,
-                queue_depth=len(self.waiting),
+            plan = strategy.build_batch(
+                list(views.values()), n_batch, self.config.chunk_size, queue_depth=len(self.waiting)
             )
-            return check_plan(plan, views, self.backend.n_batch, self.config.chunk_size)
+            if (
+                self.drafter is not None
+                and isinstance(plan, BatchPlan)
+                and any(view.draft_tokens for view in views.values())
+            ):
+                plan = self._with_drafts(strategy, list(views.values()), plan, busy)
+            return check_plan(plan, views, n_batch, self.config.chunk_size)
         except BaseException as e:  # sys.exit() in a strategy must not stop every actor
             error = (
                 e
@@ -93,18 +126,46 @@ class Engine(Admission):
                 self._fail(slot, error)
             return None
 
+    def _with_drafts(
+        self, strategy: BatchStrategy, views: list[SlotView], plan: BatchPlan, busy: dict[int, Slot]
+    ) -> BatchPlan:
+        """The strategy's ``plan_drafts`` within what the batch and the free KV cells
+        leave (a draft never pushes out a cache, let alone a request)."""
+        base = check_plan(plan, {v.seq_id: v for v in views}, self.backend.n_batch, self.config.chunk_size)
+        budget = min(self.backend.n_batch, self.memory.free_cells) - base.num_tokens
+        if budget <= 0:
+            result = base
+        else:
+            result = strategy.plan_drafts(views, base, budget, self.cost.cost())
+            if not isinstance(result, BatchPlan):
+                raise StrategyError(f"plan_drafts must return a BatchPlan, got {type(result).__name__}")
+            if result.num_draft_tokens - base.num_draft_tokens > budget:
+                raise StrategyError(
+                    f"plan_drafts added {result.num_draft_tokens - base.num_draft_tokens} draft tokens, "
+                    f"over its budget of {budget}"
+                )
+        planned = {entry.seq_id: entry.draft_tokens for entry in result.slots}
+        for seq_id, slot in busy.items():  # a draft the plan passed over
+            request = slot.request
+            if slot.draft and not planned.get(seq_id) and request is not None and request.acceptance:
+                request.acceptance.skipped()
+        return result
+
     def _emit_tick(self, segments: list[Segment]) -> None:
-        n_tokens = segments[-1].end if segments else 0
+        n_tokens = sum(s.end - s.start for s in segments)
         n_decode = sum(1 for s in segments if s.decode)
+        n_prefill = sum(s.end - s.start for s in segments if not s.decode)
         self._send(
             telemetry.tick,
             {
                 "batch_size": n_tokens,
                 "decode_tokens": n_decode,
-                "prefill_tokens": n_tokens - n_decode,
+                "prefill_tokens": n_prefill,
                 "active_slots": sum(1 for s in self.slots if s.state is not SlotState.IDLE),
                 "queue_depth": len(self.waiting),
                 "eval_ms": self._eval_s * 1000.0,
+                "draft_tokens": self._drafted_now,
+                "draft_accepted": self._accepted_now,
                 **self._kv_use(),
             },
             {"slots": tuple(self._slot_sample(slot) for slot in self.slots)},
@@ -142,5 +203,8 @@ class Engine(Admission):
             "ram_cache_entries": len(ram.entries) if ram else 0,
             "ram_cache_bytes": ram.bytes_used if ram else 0,
             "preemptions": self.preemptions,
+            "draft_tokens": self.draft_tokens,
+            "draft_accepted": self.draft_accepted,
+            "draft_acceptance_rate": self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0,
             "slots": tuple(self._slot_sample(slot) for slot in self.slots),
         }

@@ -88,6 +88,8 @@ class Finishing(EngineState):
             stop_string=request.stop_string,
             logprobs=tuple(request.logprobs) if request.logprobs is not None else None,
             index=request.index,
+            draft_tokens=request.draft_tokens,
+            draft_accepted=request.draft_accepted,
         )
 
     def _forget(self, request: Request) -> None:
@@ -203,4 +205,6 @@ class Finishing(EngineState):
             "generation_rate": (n_gen - 1) / gen_s if gen_s > 0 and n_gen > 1 else 0.0,
             "prefix_cache_tokens": n_cached,
             "prefix_cache_ratio": n_cached / n_prompt if n_prompt else 0.0,
+            "draft_tokens": request.draft_tokens,
+            "draft_accepted": request.draft_accepted,
         }

@@ -58,10 +58,21 @@ class ForwardPass(Sampling):
         start, end = live[0].start, live[-1].end
         t0 = time.perf_counter()
         code = self.backend.decode(start, end)
-        self._eval_s += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self._eval_s += elapsed
         if code == _DECODE_OK:
+            if self.drafter is not None:
+                self.cost.observe(end - start, elapsed * 1000.0)
             self._commit(live, start)
         elif code == _DECODE_NO_KV_SPACE:
+            if any(segment.drafts for segment in live):
+                # Drafts are optional: the batch without them first, before any cache
+                # or request is given up for room.
+                for segment in live:
+                    if segment.drafts:
+                        segment.end, segment.drafts = segment.start + 1, 0
+                self._forward(live, purge_allowed=purge_allowed)
+                return
             self._no_kv_space(live, start, end, purge_allowed)
         else:
             error = DecodeError(f"llama_decode failed with code {code}")
@@ -95,19 +106,60 @@ class ForwardPass(Sampling):
             slot = segment.slot
             if segment.logits_row < 0 or request is None or slot.request is not request:
                 continue
+            if segment.drafts:
+                self._verify(slot, request, segment, start)
+                continue
             first = request.t_first_token is None
             self._sample_alone(slot, segment.logits_row - start)
             if first and request.choices is not None and request.index == 0:
                 self._fork(slot, request, segment.logits_row - start)
 
-    def _sample_alone(self, slot: Slot, row: int) -> None:
-        """Sample ``row`` for the slot; a sampler that breaks fails its request alone."""
+    def _verify(self, slot: Slot, request: Request, segment: Segment, start: int) -> None:
+        """Sample the pending token's row, then each draft row while the drafts agree.
+
+        Row ``i``'s token is what the model makes of the pending token and the first
+        ``i`` drafts. Sampling it with the request's own sampler, and keeping draft
+        ``i + 1`` only when that token equals it, is the speculative-sampling rule for
+        a deterministic draft: greedy output is unchanged, and sampled output keeps its
+        distribution (with a seed, its very draws: one per token, as without drafts).
+        Each token goes through ``_on_token`` (stop strings, ``max_tokens``, EOG), an
+        accepted draft's cell goes on the books, and the cells of the rejected drafts
+        are dropped before anything else runs.
+        """
+        drafts = slot.draft[: segment.drafts]
+        row = segment.logits_row - start
+        accepted = 0
         try:
-            self._sample(slot, row)
+            for i in range(len(drafts) + 1):
+                token = self._sample_alone(slot, row + i)
+                if slot.request is not request or token is None:
+                    break  # it ended (its cells are dropped or kept; the drafts go below)
+                if i == len(drafts) or token != drafts[i]:
+                    break  # the token stays pending: the next tick decodes it
+                accepted += 1
+                self.memory.computed(slot, [token])
+        finally:
+            # Draft cells past what the slot holds: never on the books, dropped now.
+            self.backend.seq_trim(slot.seq_id, len(slot.cached))
+            request.draft_tokens += len(drafts)
+            request.draft_accepted += accepted
+            self.draft_tokens += len(drafts)
+            self.draft_accepted += accepted
+            self._drafted_now += len(drafts)
+            self._accepted_now += accepted
+            if request.acceptance is not None:
+                request.acceptance.verified(len(drafts), accepted)
+
+    def _sample_alone(self, slot: Slot, row: int) -> int | None:
+        """Sample ``row`` for the slot; a sampler that breaks fails its request alone.
+        The token sampled, or None when none was."""
+        try:
+            return self._sample(slot, row)
         except Exception as e:
             _log.exception("sampling failed for %s", slot.request and slot.request.request_id)
             if slot.request is not None:
                 self._fail(slot, EngineError(f"sampling failed: {e!r}"))
+            return None
 
     def _occupy(self, slot: Slot, request: Request, n_reuse: int) -> None:
         """``request`` enters ``slot``, which holds ``n_reuse`` of its tokens already."""

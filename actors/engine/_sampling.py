@@ -31,7 +31,9 @@ def _log(p: float) -> float:
 class Sampling(Finishing):
     """One token per slot that asked for logits (engine thread only)."""
 
-    def _sample(self, slot: Slot, index: int) -> None:
+    def _sample(self, slot: Slot, index: int) -> int | None:
+        """Sample row ``index`` for the slot and hand the token to ``_on_token``; the
+        token, or None when there was none (a dead end or a costly grammar ended it)."""
         request = slot.request
         assert request is not None
         message = request.message
@@ -52,7 +54,7 @@ class Sampling(Finishing):
                         "no token is allowed here: the grammar and logit_bias leave nothing to sample"
                     ),
                 )
-            return
+            return None
         if self._too_costly(request):
             self._fail(
                 slot,
@@ -61,7 +63,7 @@ class Sampling(Finishing):
                     "slow every other request; simplify it"
                 ),
             )
-            return
+            return None
         logprob = None
         if request.logprobs is not None and token not in self.backend.eog_ids:
             if post:  # what the chain drew from: read before anything samples again
@@ -78,6 +80,7 @@ class Sampling(Finishing):
                 tuple(TopLogprob(t, piece(t).decode("utf-8", "replace"), lp) for t, lp in top),
             )
         self._on_token(slot, token, logprob)
+        return token
 
     def _progress(self, slot: Slot) -> bool:
         """Send the slot's prefill progress to its stream (``progress=True`` only); False

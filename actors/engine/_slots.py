@@ -20,6 +20,7 @@ import pykka
 from actors.contract._messages import ReplyTo, RequestMessage, SamplingParams
 from actors.contract._results import TokenLogprob
 from actors.engine._output import TextStream
+from actors.engine._speculative import Acceptance
 from strategies import SlotState, SlotView
 
 __all__ = ["Choices", "Request", "Slot", "common_prefix_len"]
@@ -78,6 +79,11 @@ class Request:
     # Of a request with n > 1: which choice, and all of them.
     index: int = 0
     choices: Choices | None = None
+    # Speculative decoding: draft tokens verified and accepted so far, and the
+    # estimate of its next draft token's chance (None: it does not speculate).
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    acceptance: Acceptance | None = None
 
     def __post_init__(self) -> None:
         if not self.context:
@@ -121,6 +127,8 @@ class Slot:
     session: str | None = None
     # A context shift rewrote positions: the KV no longer matches a fresh prefill.
     shifted: bool = False
+    # This tick's proposed draft tokens, to follow ``pending`` (speculative decoding).
+    draft: list[int] = field(default_factory=list)
 
     def view(self) -> SlotView:
         """The read-only view a strategy sees (busy slots only)."""
@@ -135,6 +143,8 @@ class Slot:
             else 0,
             generated_tokens=len(request.token_ids),
             arrival=request.arrival,
+            draft_tokens=len(self.draft),
+            draft_acceptance=request.acceptance.rate if request.acceptance is not None else 0.0,
         )
 
     def release(self) -> Request | None:
@@ -142,6 +152,7 @@ class Slot:
         request, self.request = self.request, None
         self.state = SlotState.IDLE
         self.pending = -1
+        self.draft = []
         self.t_last_used = time.monotonic()
         return request
 

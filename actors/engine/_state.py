@@ -16,6 +16,7 @@ from actors.contract._messages import SamplingParams
 from actors.engine._batch import BatchArrays
 from actors.engine._memory import KVMemory
 from actors.engine._slots import Choices, Request, Slot
+from actors.engine._speculative import CostModel, NgramDrafter
 from strategies import BatchStrategy, SlotState
 
 __all__ = ["EngineConfig", "EngineState"]
@@ -25,8 +26,8 @@ class EngineConfig:
     """The scheduling options of an engine (checked by ``ServerActor``)."""
 
     __slots__ = (
-        "batch_strategy", "cache_prompt", "chunk_size", "context_shift", "defaults", "max_queue",
-        "n_ctx_per_slot", "name", "prefix_sharing", "ram_budget_bytes",
+        "batch_strategy", "cache_prompt", "chunk_size", "context_shift", "defaults", "draft_max",
+        "max_queue", "n_ctx_per_slot", "name", "prefix_sharing", "ram_budget_bytes", "spec_type",
     )  # fmt: skip
 
     def __init__(
@@ -42,8 +43,12 @@ class EngineConfig:
         ram_budget_bytes: int = 0,
         name: str | None = None,
         prefix_sharing: bool = True,
+        spec_type: str | None = None,
+        draft_max: int = 16,
     ) -> None:
         self.name = name
+        self.spec_type = spec_type
+        self.draft_max = draft_max
         self.prefix_sharing = prefix_sharing
         self.chunk_size = chunk_size
         self.max_queue = max_queue
@@ -87,6 +92,14 @@ class EngineState:
         self.memory = KVMemory(
             backend, config.cache_prompt, config.ram_budget_bytes, self._emit, config.prefix_sharing
         )
+        # Speculative decoding: the drafter, the measured cost of a forward pass, and
+        # draft tokens verified and accepted in all (GetStats).
+        self.drafter: NgramDrafter | None = NgramDrafter() if config.spec_type == "ngram" else None
+        self.cost = CostModel()
+        self.draft_tokens = 0
+        self.draft_accepted = 0
+        self._drafted_now = 0  # this tick's, for the tick signal
+        self._accepted_now = 0
 
     @property
     def has_work(self) -> bool:

@@ -1,0 +1,187 @@
+"""Speculative decoding's parts that need no model: drafters' interface, the n-gram
+drafter, the measured cost of a forward pass, and each request's acceptance rate.
+
+Runs in the engine's thread only. A drafter proposes tokens that would continue a
+slot's tokens; the strategy picks how many to verify (``BatchStrategy.plan_drafts``);
+the forward pass verifies them in the tick's one batch (``ForwardPass._verify``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from strategies import DecodeCost
+
+__all__ = ["Acceptance", "CostModel", "DraftWant", "Drafter", "NgramDrafter"]
+
+
+@dataclass(frozen=True, slots=True)
+class DraftWant:
+    """One slot's call for a draft.
+
+    Attributes:
+        seq_id: the slot.
+        owner: the request (identity only): a drafter's state for the slot is rebuilt
+            when it changes.
+        prompt: the request's prompt tokens.
+        generated: its tokens so far, the pending one last.
+        limit: the most draft tokens wanted.
+    """
+
+    seq_id: int
+    owner: object
+    prompt: Sequence[int]
+    generated: Sequence[int]
+    limit: int
+
+
+class Drafter(abc.ABC):
+    """Proposes draft tokens for slots (engine thread)."""
+
+    @abc.abstractmethod
+    def propose(self, wants: Sequence[DraftWant]) -> list[list[int]]:
+        """A draft for each want, in order: at most its ``limit`` tokens, maybe none."""
+
+    def close(self) -> None:  # noqa: B027 (a drafter with resources overrides it)
+        """Free what the drafter holds."""
+
+
+class _History:
+    """One request's tokens and, for each n-gram size, where each n-gram's latest
+    occurrence that has a continuation ends."""
+
+    __slots__ = ("last", "owner", "tokens")
+
+    def __init__(self, owner: object, sizes: Sequence[int]) -> None:
+        self.owner = owner
+        self.tokens: list[int] = []
+        self.last: list[tuple[int, dict[tuple[int, ...], int]]] = [(n, {}) for n in sizes]
+
+    def extend(self, new: Sequence[int]) -> None:
+        """Append ``new``, indexing each n-gram that now has a next token: O(len(new))."""
+        tokens = self.tokens
+        start = len(tokens)
+        tokens.extend(new)
+        # The n-gram ending just before position e gets e as its continuation; the
+        # n-gram ending at the last token has none yet and waits for the next call.
+        for n, last in self.last:
+            for e in range(max(start, n), len(tokens)):
+                last[tuple(tokens[e - n : e])] = e
+
+    def propose(self, limit: int) -> list[int]:
+        """The continuation of the longest indexed n-gram that ends the tokens."""
+        tokens = self.tokens
+        for n, last in self.last:
+            if len(tokens) < n:
+                continue
+            e = last.get(tuple(tokens[-n:]))
+            if e is not None:
+                return tokens[e : e + limit]
+        return []
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup (llama.cpp's ``ngram-simple`` idea): the draft is what followed the
+    latest earlier occurrence of the slot's last ``n`` tokens in its own prompt and
+    output, for the largest ``n`` of ``sizes`` that occurs.
+
+    Each slot keeps a hash of its n-grams, updated with the tokens added since the last
+    tick: a tick costs O(new tokens + draft), never a scan of the context. A request
+    that moves to another slot (a preemption) is indexed once more there.
+    """
+
+    def __init__(self, sizes: Sequence[int] = (4, 3, 2)) -> None:
+        if not sizes or any(n < 1 for n in sizes):
+            raise ValueError("n-gram sizes must be >= 1")
+        self.sizes = tuple(sorted(set(sizes), reverse=True))
+        self._histories: dict[int, _History] = {}
+
+    def propose(self, wants: Sequence[DraftWant]) -> list[list[int]]:
+        """Each want's draft (see the class)."""
+        drafts = []
+        for want in wants:
+            history = self._histories.get(want.seq_id)
+            known = len(want.prompt) + len(want.generated)
+            if history is None or history.owner is not want.owner or len(history.tokens) > known:
+                history = self._histories[want.seq_id] = _History(want.owner, self.sizes)
+            have = len(history.tokens)
+            if have < len(want.prompt):
+                history.extend(want.prompt[have:])
+                have = len(want.prompt)
+            history.extend(want.generated[have - len(want.prompt) :])
+            drafts.append(history.propose(want.limit) if want.limit > 0 else [])
+        return drafts
+
+
+class CostModel:
+    """The cost of a forward pass as a line over its batch size, fitted to the measured
+    ticks by least squares that forget old ticks (engine thread).
+
+    Until the ticks span two batch sizes it assumes ``fixed_ms == per_token_ms`` (as
+    measured on a 2-core Xeon: 17 tokens cost 9 one-token decodes).
+    """
+
+    def __init__(self, decay: float = 0.98) -> None:
+        self.decay = decay
+        self._w = self._n = self._nn = self._t = self._nt = 0.0
+
+    def observe(self, n_tokens: int, eval_ms: float) -> None:
+        """One forward pass of ``n_tokens`` took ``eval_ms``."""
+        if n_tokens < 1 or not eval_ms > 0:
+            return
+        d = self.decay
+        self._w = self._w * d + 1.0
+        self._n = self._n * d + n_tokens
+        self._nn = self._nn * d + n_tokens * n_tokens
+        self._t = self._t * d + eval_ms
+        self._nt = self._nt * d + n_tokens * eval_ms
+
+    def cost(self) -> DecodeCost:
+        """The fitted line (a floor keeps both parts positive)."""
+        if self._w == 0.0:
+            return DecodeCost(1.0, 1.0)
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        var_n = self._nn / self._w - mean_n * mean_n
+        prior = mean_t / (1.0 + mean_n)  # fixed == per-token, through the mean
+        if var_n < 0.5:
+            return DecodeCost(prior, prior)
+        slope = (self._nt / self._w - mean_n * mean_t) / var_n
+        # Noise (another tenant's burst) can tilt the line; keep both parts sane.
+        slope = min(max(slope, 0.1 * prior), mean_t / mean_n)
+        return DecodeCost(max(mean_t - slope * mean_n, 0.0), slope)
+
+
+class Acceptance:
+    """A request's chance that its next draft token is right: accepted over tried draft
+    tokens, counting the first rejected one, recent verifications weighing most, under
+    a prior worth ``prior_weight`` tries."""
+
+    __slots__ = ("_hits", "_tries")
+
+    PRIOR = 0.6
+    PRIOR_WEIGHT = 2.0
+    DECAY = 0.9  # per verification
+    RELAX = 0.97  # per tick its draft was not verified: the prior comes back
+
+    def __init__(self) -> None:
+        self._hits = 0.0
+        self._tries = 0.0
+
+    @property
+    def rate(self) -> float:
+        """The estimate, 0 to 1."""
+        return (self._hits + self.PRIOR * self.PRIOR_WEIGHT) / (self._tries + self.PRIOR_WEIGHT)
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """``accepted`` of ``drafted`` draft tokens were right (the rest from the first wrong one)."""
+        tried = accepted + (1 if accepted < drafted else 0)
+        self._hits = self._hits * self.DECAY + accepted
+        self._tries = self._tries * self.DECAY + tried
+
+    def skipped(self) -> None:
+        """A draft was proposed but not verified: drift back toward the prior, so a
+        request whose drafts were poor gets tried again later."""
+        self._hits *= self.RELAX
+        self._tries *= self.RELAX
