@@ -584,6 +584,10 @@ class LlamaBackend:
         new cells, no compute). ``dst`` must hold no position in that range."""
         _lc.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
 
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The largest position ``seq_id`` holds in the KV cache, -1 when it holds none."""
+        return int(_lc.llama_memory_seq_pos_max(self._memory, seq_id))
+
     def seq_clear(self, seq_id: int) -> None:
         """Drop all KV of ``seq_id``."""
         _lc.llama_memory_seq_rm(self._memory, seq_id, -1, -1)

@@ -129,6 +129,9 @@ class ForwardPass(Sampling):
         drafts = slot.draft[: segment.drafts]
         row = segment.logits_row - start
         accepted = 0
+        # Counted before a token can end the request: its Completion is built then. A
+        # draft is accepted when its row's logits are used for the next token.
+        request.draft_tokens += len(drafts)
         try:
             for i in range(len(drafts) + 1):
                 token = self._sample_alone(slot, row + i)
@@ -137,12 +140,11 @@ class ForwardPass(Sampling):
                 if i == len(drafts) or token != drafts[i]:
                     break  # the token stays pending: the next tick decodes it
                 accepted += 1
+                request.draft_accepted += 1
                 self.memory.computed(slot, [token])
         finally:
             # Draft cells past what the slot holds: never on the books, dropped now.
             self.backend.seq_trim(slot.seq_id, len(slot.cached))
-            request.draft_tokens += len(drafts)
-            request.draft_accepted += accepted
             self.draft_tokens += len(drafts)
             self.draft_accepted += accepted
             self._drafted_now += len(drafts)

@@ -155,14 +155,14 @@ class CostModel:
 
 class Acceptance:
     """A request's chance that its next draft token is right: accepted over tried draft
-    tokens, counting the first rejected one, recent verifications weighing most, under
-    a prior worth ``prior_weight`` tries."""
+    tokens (counting the first rejected one), the last few dozen tried tokens weighing
+    most, under a prior worth ``PRIOR_WEIGHT`` tries."""
 
     __slots__ = ("_hits", "_tries")
 
     PRIOR = 0.6
     PRIOR_WEIGHT = 2.0
-    DECAY = 0.9  # per verification
+    DECAY = 0.93  # per tried token: a long accepted run must not outweigh the failures after it
     RELAX = 0.97  # per tick its draft was not verified: the prior comes back
 
     def __init__(self) -> None:
@@ -177,8 +177,9 @@ class Acceptance:
     def verified(self, drafted: int, accepted: int) -> None:
         """``accepted`` of ``drafted`` draft tokens were right (the rest from the first wrong one)."""
         tried = accepted + (1 if accepted < drafted else 0)
-        self._hits = self._hits * self.DECAY + accepted
-        self._tries = self._tries * self.DECAY + tried
+        keep = self.DECAY**tried
+        self._hits = self._hits * keep + accepted
+        self._tries = self._tries * keep + tried
 
     def skipped(self) -> None:
         """A draft was proposed but not verified: drift back toward the prior, so a

@@ -58,6 +58,8 @@ _log = logging.getLogger("llama_cpp_actors.pool")
 
 # GetStats keys that are one replica's settings, not loads: never summed.
 _PER_REPLICA = frozenset({"n_batch", "n_ctx_per_slot"})
+# GetStats keys holding one entry per slot: every replica's, one after the other.
+_CONCATENATED = frozenset({"slots", "kv_positions"})
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -361,10 +363,13 @@ class ServerPool:
         totals: dict[str, Any] = {}
         for stats in per.values():
             for key, value in (stats or {}).items():
-                if key == "slots":  # every replica's, in replica order
+                if key in _CONCATENATED:  # every replica's, in replica order
                     totals[key] = totals.get(key, ()) + value
                 elif key not in _PER_REPLICA:
                     totals[key] = totals.get(key, 0) + value
+        drafted = totals.get("draft_tokens", 0)
+        if "draft_acceptance_rate" in totals:  # a ratio: of the sums, not a sum
+            totals["draft_acceptance_rate"] = totals.get("draft_accepted", 0) / drafted if drafted else 0.0
         totals["replicas"] = per
         totals["replicas_up"] = sum(1 for s in per.values() if s is not None)
         totals["routing"] = dict(self.router.decisions)

@@ -1,0 +1,407 @@
+"""Speculative decoding with n-gram drafts: the parts as plain functions, then the real
+model, where greedy output with speculation equals output without it (the near-tie
+rule of test_greedy.py), alone, with 8 slots, with stop strings, max_tokens, EOG, a
+context shift and preemption; sampled output keeps its distribution; and no draft
+leaves a cell behind.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+import pytest
+from helpers import NO_EOG, Recorder, compare, margins, same_greedy, wait_until
+
+from actors import (
+    Cancel,
+    Completion,
+    ConfigError,
+    Done,
+    EngineError,
+    Failed,
+    Generate,
+    GetStats,
+    GetTokenizer,
+    InvalidRequest,
+    StrategyError,
+    Stream,
+    Token,
+)
+from actors.backend._faults import faults
+from actors.engine._batch import check_plan
+from actors.engine._speculative import Acceptance, CostModel, DraftWant, NgramDrafter
+from strategies import BatchPlan, DecodeCost, DecodeMaximal, SlotPlan, SlotState, SlotView, add_drafts
+
+StartServer = Callable[..., pykka.ActorRef[Any]]
+
+# Prompts whose answers copy the prompt: drafts are accepted on any CPU.
+PASSAGE = (
+    "The lighthouse keeper climbed the stairs at dusk, lit the great lamp, and wrote the "
+    "weather in his book: wind from the west, waves high, one ship far out on the water. "
+)
+GROUNDED = [
+    "Original text:\n" + PASSAGE + "\n\nThe same text, copied exactly:\n" + PASSAGE[:40],
+    "The cat sat on the mat. " * 6,
+    "Repeat after me: red, green, blue, red, green, blue, red, green, blue, red, green,",
+    "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
+]
+
+
+def view(seq_id: int, draft: int, acceptance: float, arrival: int = 0) -> SlotView:
+    return SlotView(seq_id, SlotState.GENERATING, True, 0, 5, arrival, draft, acceptance)
+
+
+def decodes(*seq_ids: int) -> BatchPlan:
+    return BatchPlan(tuple(SlotPlan(s, decode=True) for s in seq_ids))
+
+
+# -- the policy ---------------------------------------------------------------------------
+
+
+def test_drafts_are_planned_where_they_pay_and_nowhere_else() -> None:
+    cost = DecodeCost(fixed_ms=10.0, per_token_ms=10.0)
+    # Alone, a draft that is usually right pays for several tokens.
+    alone = add_drafts([view(0, 16, 0.95)], decodes(0), 100, cost)
+    assert 4 <= alone.num_draft_tokens <= 16
+    # A poor drafter gets none: 0.3 < the 0.5 a lone slot's first draft token needs.
+    assert add_drafts([view(0, 16, 0.3)], decodes(0), 100, cost).num_draft_tokens == 0
+    # In a batch of 8 the same rate buys far fewer: every slot waits for the longer pass.
+    views = [view(i, 16, 0.95) for i in range(8)]
+    crowded = add_drafts(views, decodes(*range(8)), 1000, cost)
+    assert crowded.num_draft_tokens / 8 < alone.num_draft_tokens
+    # Never more than proposed, never past the budget, only where the plan decodes.
+    assert add_drafts([view(0, 3, 0.99)], decodes(0), 100, cost).num_draft_tokens == 3
+    assert add_drafts([view(0, 16, 0.99)], decodes(0), 2, cost).num_draft_tokens == 2
+    prefill = BatchPlan((SlotPlan(0, prefill_tokens=4),))
+    assert add_drafts([view(0, 16, 0.99)], prefill, 100, cost).num_draft_tokens == 0
+
+
+def test_better_drafts_get_the_budget_first() -> None:
+    cost = DecodeCost(5.0, 10.0)
+    plan = add_drafts([view(0, 16, 0.6), view(1, 16, 0.97)], decodes(0, 1), 100, cost)
+    by_slot = {e.seq_id: e.draft_tokens for e in plan.slots}
+    assert by_slot[1] > by_slot[0]
+
+
+def test_decode_cost_refuses_nonsense() -> None:
+    for fixed, per in ((-1.0, 1.0), (1.0, 0.0), (math.nan, 1.0), (1.0, math.inf)):
+        with pytest.raises(ValueError):
+            DecodeCost(fixed, per)
+
+
+def test_check_plan_refuses_drafts_a_slot_cannot_verify() -> None:
+    views = {0: view(0, 3, 0.9), 1: SlotView(1, SlotState.PREFILLING, False, 10, 0, 1)}
+    check_plan(BatchPlan((SlotPlan(0, decode=True, draft_tokens=3),)), views, 8, 512)
+    bad = [
+        SlotPlan(0, decode=True, draft_tokens=4),  # more than proposed
+        SlotPlan(0, decode=False, draft_tokens=1),  # a draft without its pending token
+        SlotPlan(0, decode=True, draft_tokens=-1),
+        SlotPlan(0, decode=True, draft_tokens=True),  # type: ignore[arg-type]
+        SlotPlan(1, prefill_tokens=2, draft_tokens=1),
+    ]
+    for entry in bad:
+        with pytest.raises(StrategyError):
+            check_plan(BatchPlan((entry,)), views, 8, 512)
+    with pytest.raises(StrategyError, match="budget"):  # drafts count against n_batch
+        check_plan(BatchPlan((SlotPlan(0, decode=True, draft_tokens=3),)), views, 3, 512)
+
+
+def test_cost_model_fits_a_line_and_assumes_one_until_it_can() -> None:
+    model = CostModel()
+    assert model.cost() == DecodeCost(1.0, 1.0)
+    model.observe(1, 20.0)
+    prior = model.cost()
+    assert prior.fixed_ms == prior.per_token_ms == pytest.approx(10.0)
+    for n in (1, 2, 4, 8, 1, 17, 3):
+        model.observe(n, 9.0 + 10.0 * n)
+    fitted = model.cost()
+    assert fitted.per_token_ms == pytest.approx(10.0, rel=0.15)
+    assert fitted.fixed_ms == pytest.approx(9.0, abs=3.0)
+
+
+def test_acceptance_learns_and_forgets() -> None:
+    a = Acceptance()
+    assert a.rate == pytest.approx(Acceptance.PRIOR)
+    for _ in range(20):
+        a.verified(8, 8)
+    assert a.rate > 0.95
+    for _ in range(40):
+        a.verified(8, 0)
+    assert a.rate < 0.3  # below the 0.5 a lone slot's first draft token needs
+    for _ in range(200):
+        a.skipped()
+    assert a.rate > 0.5  # tried again after a while
+
+
+# -- the n-gram drafter -------------------------------------------------------------------
+
+
+def brute_force(tokens: list[int], sizes: tuple[int, ...], limit: int) -> list[int]:
+    """The continuation of the latest earlier occurrence of the longest suffix n-gram."""
+    for n in sorted(sizes, reverse=True):
+        if len(tokens) <= n:
+            continue
+        key = tokens[-n:]
+        for e in range(len(tokens) - 1, n - 1, -1):
+            if tokens[e - n : e] == key:
+                return tokens[e : e + limit]
+    return []
+
+
+def test_ngram_drafts_continue_the_latest_earlier_match() -> None:
+    drafter = NgramDrafter(sizes=(3, 2))
+    owner = object()
+    prompt = [1, 2, 3, 4, 5, 6, 9, 2, 3]
+    # The last 3 tokens (9, 2, 3)... no: (6, 9, 2)? The suffix (9, 2, 3) never occurred;
+    # (2, 3) did, at the start, followed by 4, 5, 6.
+    [draft] = drafter.propose([DraftWant(0, owner, prompt, [], 3)])
+    assert draft == [4, 5, 6]
+    [draft] = drafter.propose([DraftWant(0, owner, prompt, [4], 8)])
+    assert draft == [5, 6, 9, 2, 3, 4]  # (2, 3, 4) matched: everything after it
+    [none] = drafter.propose([DraftWant(1, owner, [7, 8, 9], [], 4)])
+    assert none == []
+
+
+def test_ngram_drafter_matches_brute_force_as_tokens_come() -> None:
+    rng = random.Random(7)
+    drafter = NgramDrafter(sizes=(4, 3, 2))
+    for trial in range(30):
+        owner = object()
+        prompt = [rng.randrange(6) for _ in range(rng.randrange(1, 40))]
+        generated: list[int] = []
+        for _ in range(40):
+            generated.append(rng.randrange(6))
+            limit = rng.randrange(0, 10)
+            [draft] = drafter.propose([DraftWant(trial % 3, owner, prompt, list(generated), limit)])
+            expected = brute_force(prompt + generated, (4, 3, 2), limit) if limit else []
+            assert draft == expected
+
+
+# -- the real model -----------------------------------------------------------------------
+
+
+def references(
+    start_server: StartServer, prompts: list[str], max_tokens: int, eog: bool = False, **options: Any
+) -> list[Completion]:
+    """Each prompt alone on an engine without drafts, greedy with margins."""
+    alone = start_server(n_parallel=1, cache_prompt=False, **options)
+    bias = {} if eog else {"logit_bias": NO_EOG}
+    done = [
+        alone.ask(Generate(p, max_tokens=max_tokens, temp=0, logprobs=2, **bias)).get(timeout=240)
+        for p in prompts
+    ]
+    alone.stop()
+    return done
+
+
+def no_stray_cells(ref: pykka.ActorRef[Any]) -> None:
+    stats = ref.ask(GetStats())
+    assert stats["kv_positions"] == tuple(s.kv_tokens for s in stats["slots"])
+
+
+def test_greedy_output_with_drafts_equals_without_alone(start_server: StartServer) -> None:
+    refs = references(start_server, GROUNDED, 64)
+    spec = start_server(n_parallel=1, spec_type="ngram")
+    accepted = 0
+    for prompt, reference in zip(GROUNDED, refs, strict=True):
+        got = spec.ask(Generate(prompt, max_tokens=64, temp=0, logit_bias=NO_EOG)).get(timeout=240)
+        assert got.generated_tokens == 64
+        same_greedy(reference, got.token_ids)
+        assert got.draft_accepted <= got.draft_tokens
+        accepted += got.draft_accepted
+        no_stray_cells(spec)
+    assert accepted > 64  # copying prompts: most tokens came from drafts
+    stats = spec.ask(GetStats())
+    assert stats["draft_accepted"] == accepted and 0 < stats["draft_acceptance_rate"] <= 1
+
+
+def test_greedy_output_with_drafts_equals_without_in_8_slots(start_server: StartServer) -> None:
+    prompts = [p + f" ({i})" if i >= 4 else p for i, p in enumerate(GROUNDED * 2)]
+    refs = references(start_server, prompts, 48)
+    recorder = Recorder()
+    spec = start_server(n_parallel=8, spec_type="ngram")
+    futures = [spec.ask(Generate(p, max_tokens=48, temp=0, logit_bias=NO_EOG)) for p in prompts]
+    for future, reference in zip(futures, refs, strict=True):
+        got = future.get(timeout=240)
+        assert got.generated_tokens == 48
+        same_greedy(reference, got.token_ids)
+    ticks = [m for m, _ in recorder.of("tick")]
+    assert any(m["draft_tokens"] and m["decode_tokens"] > 1 for m in ticks)  # drafts beside other slots
+    done = [m for m, _ in recorder.of("done")]
+    assert sum(m["draft_accepted"] for m in done) == spec.ask(GetStats())["draft_accepted"]
+    no_stray_cells(spec)
+
+
+def test_stop_strings_and_max_tokens_end_a_run_of_drafts_where_they_would(start_server: StartServer) -> None:
+    prompt = GROUNDED[1]
+    reference = references(start_server, [prompt], 60)[0]
+    spec = start_server(n_parallel=1, spec_type="ngram")
+    for max_tokens in (1, 2, 7, 13, 31):
+        got = spec.ask(Generate(prompt, max_tokens=max_tokens, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+        assert got.generated_tokens == max_tokens and got.stop_reason == "max_tokens"
+        compare(reference.token_ids[:max_tokens], margins(reference)[:max_tokens], got.token_ids)
+        no_stray_cells(spec)
+    # A stop string inside text the drafts supply: the text ends before it, as without drafts.
+    words = reference.text.split()
+    stop = " ".join(words[6:8])
+    plain = start_server(n_parallel=1, cache_prompt=False)
+    expected = plain.ask(Generate(prompt, max_tokens=60, temp=0, logit_bias=NO_EOG, stop=[stop])).get(
+        timeout=120
+    )
+    got = spec.ask(Generate(prompt, max_tokens=60, temp=0, logit_bias=NO_EOG, stop=[stop])).get(timeout=120)
+    assert expected.stop_reason == "stop"
+    if got.text != expected.text:  # a near-tie before the stop string
+        same_greedy(reference, got.token_ids)
+    else:
+        assert got.stop_reason == "stop" and got.stop_string == stop
+    no_stray_cells(spec)
+
+
+def test_an_end_of_generation_inside_a_draft_ends_the_request(start_server: StartServer) -> None:
+    # The copy ends where the passage does; the drafter proposes what followed it in
+    # the prompt, and the model says end-of-generation instead.
+    prompt = "Copy this line: the quick brown fox jumps over the lazy dog.\nCopy: the quick brown fox"
+    reference = references(start_server, [prompt], 80, eog=True)[0]
+    spec = start_server(n_parallel=1, spec_type="ngram")
+    got = spec.ask(Generate(prompt, max_tokens=80, temp=0)).get(timeout=120)
+    same_greedy(reference, got.token_ids)
+    if got.token_ids == reference.token_ids:
+        assert got.stop_reason == reference.stop_reason
+    no_stray_cells(spec)
+
+
+def test_context_shift_and_preemption_with_drafts_change_no_output(start_server: StartServer) -> None:
+    recorder = Recorder()
+    # A context shift: 96 positions per slot, 150 tokens to generate.
+    prompt = GROUNDED[1]
+    shift_ref = references(start_server, [prompt], 150, n_ctx_per_slot=96)[0]
+    spec = start_server(n_parallel=1, spec_type="ngram", n_ctx_per_slot=96)
+    got = spec.ask(Generate(prompt, max_tokens=150, temp=0, logit_bias=NO_EOG)).get(timeout=240)
+    assert got.generated_tokens == 150
+    same_greedy(shift_ref, got.token_ids)
+    assert any(md["event"] == "context_shift" for _, md in recorder.of("kv_pressure"))
+    no_stray_cells(spec)
+    spec.stop()
+    # Preemption: 4 slots whose contexts cannot all fit 384 cells.
+    prompts = [p + f" [{i}]" for i, p in enumerate(GROUNDED)]
+    refs = references(start_server, prompts, 140)
+    crowded = start_server(n_parallel=4, n_ctx=384, n_ctx_per_slot=192, spec_type="ngram")
+    futures = [crowded.ask(Generate(p, max_tokens=140, temp=0, logit_bias=NO_EOG)) for p in prompts]
+    for future, reference in zip(futures, refs, strict=True):
+        same_greedy(reference, future.get(timeout=240).token_ids)
+    assert any(md["event"] == "preempt" for _, md in recorder.of("kv_pressure"))
+    no_stray_cells(crowded)
+
+
+def test_a_cancelled_or_failed_speculating_request_leaves_no_draft_cells(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=2, spec_type="ngram")
+    events: queue.Queue[Any] = queue.Queue()
+    message = Stream(GROUNDED[1], reply_to=events, max_tokens=400, temp=0, logit_bias=NO_EOG)
+    ref.tell(message)
+    for _ in range(40):
+        assert isinstance(events.get(timeout=120), Token)
+    ref.tell(Cancel(message.request_id))
+    while not isinstance(event := events.get(timeout=120), Done | Failed):
+        pass
+    assert isinstance(event, Done) and event.completion.stop_reason == "cancelled"
+    assert event.completion.draft_accepted > 0
+    wait_until(lambda: ref.ask(GetStats())["active_slots"] == 0, 30)
+    no_stray_cells(ref)
+    # A sampler that breaks in the middle of a run of drafts fails its request alone,
+    # and its cells (drafts too) go with it.
+    calls = [0]
+
+    def sample(index: int) -> None:
+        calls[0] += 1
+        if calls[0] == 30:
+            raise RuntimeError("injected sampler fault")
+
+    faults.sample = sample
+    try:
+        with pytest.raises(EngineError, match="injected"):
+            ref.ask(Generate(GROUNDED[2], max_tokens=200, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    finally:
+        faults.reset()
+    stats = ref.ask(GetStats())
+    assert stats["draft_tokens"] > event.completion.draft_tokens  # the failed one had drafts
+    no_stray_cells(ref)
+    assert stats["kv_cells_used"] == sum(s.kv_tokens for s in stats["slots"])
+
+
+def test_speculate_false_and_options_are_checked(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=1, spec_type="ngram")
+    got = ref.ask(Generate(GROUNDED[1], max_tokens=40, temp=0, logit_bias=NO_EOG, speculate=False)).get(
+        timeout=120
+    )
+    assert got.draft_tokens == 0
+    with pytest.raises(InvalidRequest, match="speculate"):
+        Generate("x", speculate="yes")  # type: ignore[arg-type]
+    for bad in ({"spec_type": "medusa"}, {"spec_type": "ngram", "draft_max": 0}, {"draft_max": 1000},
+                {"spec_type": "ngram", "draft_max": True}, {"draft_model_path": "/x.gguf"}):  # fmt: skip
+        with pytest.raises(ConfigError):
+            start_server(**bad)
+
+
+def test_a_strategy_that_never_speculates_gets_no_drafts(start_server: StartServer) -> None:
+    class NoDrafts(DecodeMaximal):
+        def plan_drafts(self, slots: Any, plan: BatchPlan, budget: int, cost: DecodeCost) -> BatchPlan:
+            return plan
+
+    class Greedy(DecodeMaximal):
+        def plan_drafts(self, slots: Any, plan: BatchPlan, budget: int, cost: DecodeCost) -> BatchPlan:
+            return BatchPlan(
+                tuple(
+                    SlotPlan(e.seq_id, e.decode, e.prefill_tokens, 10**6 if e.decode else 0)
+                    for e in plan.slots
+                )
+            )
+
+    ref = start_server(n_parallel=1, spec_type="ngram", batch_strategy=NoDrafts())
+    assert ref.ask(Generate(GROUNDED[1], max_tokens=30, temp=0)).get(timeout=120).draft_tokens == 0
+    ref.stop()
+    ref = start_server(n_parallel=1, spec_type="ngram", batch_strategy=Greedy())
+    with pytest.raises(StrategyError):
+        ref.ask(Generate(GROUNDED[1], max_tokens=30, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    no_stray_cells(ref)
+
+
+def test_sampled_tokens_keep_their_distribution_with_drafts(start_server: StartServer) -> None:
+    # Four tokens only (logit_bias lifts them far above the rest), after a prompt the
+    # drafter continues with them: each seed's tokens come from the same draws with
+    # drafts as without (one draw per token), and the tokens after a verified draft
+    # have the same frequencies (a two-sample chi-square test).
+    words = [" red", " green", " blue", " gold"]
+    prompt = "colors: red green red green red green red green red green red"
+    seeds = range(60)
+
+    def samples(**options: Any) -> tuple[list[tuple[int, ...]], int, list[int]]:
+        ref = start_server(n_parallel=1, cache_prompt=False, **options)
+        tokenizer = ref.ask(GetTokenizer())
+        ids = [tokenizer.tokenize(w, add_special=False)[0] for w in words]
+        bias = {t: 100.0 - i for i, t in enumerate(ids)}
+        out, drafted = [], 0
+        for seed in seeds:
+            message = Generate(
+                prompt, max_tokens=5, temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, logit_bias=bias
+            )
+            done = ref.ask(message).get(timeout=60)
+            out.append(done.token_ids)
+            drafted += done.draft_tokens
+        ref.stop()
+        return out, drafted, ids
+
+    plain, _, ids = samples()
+    spec, drafted, _ = samples(spec_type="ngram")
+    assert drafted > len(seeds)  # drafts were verified for most requests
+    same = sum(a == b for a, b in zip(plain, spec, strict=True))
+    assert same >= 0.9 * len(seeds)
+    # Frequencies of the tokens sampled from draft rows' logits (positions 2..4).
+    a = [sum(seq[k] == t for seq in plain for k in range(2, 5)) for t in ids]
+    b = [sum(seq[k] == t for seq in spec for k in range(2, 5)) for t in ids]
+    chi2 = sum((x - y) ** 2 / (x + y) for x, y in zip(a, b, strict=True) if x + y)
+    assert chi2 < 16.3, (a, b)  # p = 0.001 with 3 degrees of freedom
