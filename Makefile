@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench-peers bench bench-http bench-smoke compat clean
+.PHONY: install demo test lint docs bench-peers bench bench-http bench-speculative bench-smoke compat clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,12 @@ bench: install
 # bench/results/http.md. A missing peer is skipped; make bench-peers builds them.
 bench-http: install
 	$(PY) bench/http.py
+
+# Speculative decoding against no drafts and llama-server's ngram-simple (bench/speculative.py):
+# bench/results/speculative.md.
+bench-speculative: install
+	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
+	$(PY) bench/speculative.py
 
 # The bench scripts' smoke tests, which make test leaves out (the suite's time budget).
 bench-smoke: install

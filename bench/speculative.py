@@ -345,7 +345,7 @@ def main() -> None:
     parser.add_argument("--n-threads", type=int, default=2)
     parser.add_argument("--draft-max", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="one round, levels 1 and 2, short answers")
-    parser.add_argument("--out", type=Path, default=RESULTS / "speculative.md")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for speculative.md")
     parser.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--level", type=int, help=argparse.SUPPRESS)
@@ -382,7 +382,7 @@ def main() -> None:
         text = report(results, args)
         print("\n" + text)
         if results:
-            write_result(args.out.stem, text, args.out.parent)
+            write_result("speculative", text, args.out)
 
 
 if __name__ == "__main__":

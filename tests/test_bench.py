@@ -135,3 +135,17 @@ def test_http(tmp_path: Path) -> None:
         assert row in table
     assert "| 0 / " in table  # the errors column: none
     assert "HTTP / in-process tok/s" in out
+
+
+@pytest.mark.bench_smoke
+@pytest.mark.timeout(300)
+def test_speculative(tmp_path: Path) -> None:
+    run("speculative.py", tmp_path, "--quick", "--systems", "engine", "engine-ngram")
+    table = (tmp_path / "speculative.md").read_text()
+    for row in (
+        "| grounded | 1 | engine |",
+        "| grounded | 1 | engine-ngram |",
+        "| open | 2 | engine-ngram |",
+    ):
+        assert row in table
+    assert "engine-ngram / engine" in table

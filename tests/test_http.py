@@ -935,3 +935,14 @@ def test_text_events_without_a_template_when_the_shape_holds_the_marker() -> Non
     events = TextEvents(make)
     assert events("tok\x00en", 1) == sse(make("tok\x00en", 1))
     assert events("more", 1) == sse(make("more", 1))
+
+
+def test_timings_carry_llama_servers_draft_counts_only_when_drafts_were_verified() -> None:
+    from actors import Completion
+    from actors.http._generation import timings
+
+    plain = Completion("r", "text", (1, 2, 3), "eog", 5, 3, 0, 10.0, 30.0)
+    assert "draft_n" not in timings(plain)
+    drafted = Completion("r", "text", (1, 2, 3), "eog", 5, 3, 0, 10.0, 30.0, draft_tokens=4, draft_accepted=2)
+    got = timings(drafted)
+    assert got["draft_n"] == 4 and got["draft_n_accepted"] == 2

@@ -36,7 +36,7 @@ SUPPORTED = (
     "-a", "--alias", "--tags", "--metrics", "--slots", "--no-slots", "--cors-origins", "--cors-methods",
     "--cors-headers", "--cors-credentials", "--no-cors-credentials", "-rea", "--reasoning",
     "--chat-template-kwargs", "--chat-template", "--chat-template-file", "-v", "--verbose", "--log-verbose",
-    "-lv", "--verbosity", "--log-verbosity",
+    "-lv", "--verbosity", "--log-verbosity", "--spec-type", "--spec-draft-n-max",
     "-h", "--help", "--usage", "--version",
 )  # fmt: skip
 ACCEPTED = (
@@ -596,3 +596,12 @@ def test_python_dash_m() -> None:
     )
     assert done.returncode == 2
     assert "--lora is a llama-server flag that llama-cpp-actors does not support" in done.stderr
+
+
+def test_speculative_decoding_flags(capsys: CapSys) -> None:
+    got = options("--spec-type", "ngram-simple", "--spec-draft-n-max", "8")
+    assert got["spec_type"] == "ngram" and got["draft_max"] == 8
+    assert "spec_type" not in options("--spec-type", "none")
+    assert "spec_type" not in options()
+    for bad in (["--spec-type", "draft-simple"], ["--spec-type", "ngram-mod"], ["--spec-draft-n-max", "0"]):
+        assert "error:" in refusal(capsys, "-c", "64", *bad)

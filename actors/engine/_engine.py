@@ -90,6 +90,11 @@ class Engine(Admission):
             request = slot.request
             if slot.state is not SlotState.GENERATING or request is None or request.acceptance is None:
                 continue
+            if slot.shadow >= 0:
+                # Last tick's unverified draft: its first token against the one that came.
+                if len(request.token_ids) == slot.shadow_at + 1:
+                    request.acceptance.verified(1, int(request.token_ids[-1] == slot.shadow))
+                slot.shadow = -1
             room = self.n_ctx_slot - len(slot.cached) - 3
             left = request.message.max_tokens - len(request.token_ids) - 1
             limit = min(self.config.draft_max, room, left)
@@ -145,10 +150,10 @@ class Engine(Admission):
                     f"over its budget of {budget}"
                 )
         planned = {entry.seq_id: entry.draft_tokens for entry in result.slots}
-        for seq_id, slot in busy.items():  # a draft the plan passed over
+        for seq_id, slot in busy.items():  # a draft the plan passed over: checked next tick
             request = slot.request
-            if slot.draft and not planned.get(seq_id) and request is not None and request.acceptance:
-                request.acceptance.skipped()
+            if slot.draft and not planned.get(seq_id) and request is not None:
+                slot.shadow, slot.shadow_at = slot.draft[0], len(request.token_ids)
         return result
 
     def _emit_tick(self, segments: list[Segment]) -> None:

@@ -127,8 +127,12 @@ class Slot:
     session: str | None = None
     # A context shift rewrote positions: the KV no longer matches a fresh prefill.
     shifted: bool = False
-    # This tick's proposed draft tokens, to follow ``pending`` (speculative decoding).
+    # This tick's proposed draft tokens, to follow ``pending`` (speculative decoding),
+    # and a draft's first token the plan did not verify, with the request's token count
+    # then: the next token tells, for free, whether it would have been right.
     draft: list[int] = field(default_factory=list)
+    shadow: int = -1
+    shadow_at: int = 0
 
     def view(self) -> SlotView:
         """The read-only view a strategy sees (busy slots only)."""
@@ -153,6 +157,7 @@ class Slot:
         self.state = SlotState.IDLE
         self.pending = -1
         self.draft = []
+        self.shadow = -1
         self.t_last_used = time.monotonic()
         return request
 

@@ -197,6 +197,8 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
             options[key] = v[dest]
     if v["strategy"] is not None:
         options["batch_strategy"] = _STRATEGIES[v["strategy"]]()
+    if v["spec_type"] not in (None, "none"):
+        options["spec_type"] = v["spec_type"]
     replicas = v["replicas"] or 1
     backend = v["backend"] or "local"
     pool = None if replicas == 1 and backend == "local" else {"replicas": replicas, "backend": backend}

@@ -196,6 +196,11 @@ def timings(completion: Completion) -> dict[str, float | int]:
     prompt_ms = completion.ttft_ms
     predicted_n = completion.generated_tokens
     predicted_ms = max(completion.duration_ms - completion.ttft_ms, 0.0)
+    drafts = (
+        {"draft_n": completion.draft_tokens, "draft_n_accepted": completion.draft_accepted}
+        if completion.draft_tokens
+        else {}
+    )  # as llama-server: only when speculation drafted
     return {
         "cache_n": cache_n,
         "prompt_n": prompt_n,
@@ -210,6 +215,7 @@ def timings(completion: Completion) -> dict[str, float | int]:
         "predicted_per_second": (
             1000.0 * (predicted_n - 1) / predicted_ms if predicted_n > 1 and predicted_ms > 0 else 0.0
         ),
+        **drafts,
     }
 
 
