@@ -113,7 +113,7 @@ def test_every_request_has_one_start_and_one_end(server: pykka.ActorRef[Any], re
     assert md["stop_reason"] == "cancelled" and md["mode"] == "stream"
     assert set(m) == {
         "prompt_tokens", "generated_tokens", "duration_ms", "ttft_ms", "prompt_eval_rate",
-        "generation_rate", "prefix_cache_tokens", "prefix_cache_ratio",
+        "generation_rate", "prefix_cache_tokens", "prefix_cache_ratio", "draft_tokens", "draft_accepted",
     }  # fmt: skip
 
 
@@ -233,7 +233,8 @@ def test_stats_and_info(server: pykka.ActorRef[Any], model_path: str) -> None:
         "active_slots": 0, "idle_slots": 4, "prefilling_slots": 0, "generating_slots": 0,
         "queue_depth": 0, "n_parallel": 4, "n_batch": 2048, "n_ctx": 2048, "n_ctx_per_slot": 512,
         "kv_cells_used": 0, "kv_cells_total": 2048, "ram_cache_entries": 0, "ram_cache_bytes": 0,
-        "preemptions": 0,
+        "preemptions": 0, "draft_tokens": 0, "draft_accepted": 0, "draft_acceptance_rate": 0.0,
+        "kv_positions": (0, 0, 0, 0),
     }  # fmt: skip
     info = server.ask(GetInfo())
     assert info["model_path"] == model_path

@@ -205,30 +205,30 @@ def no_stray_cells(ref: pykka.ActorRef[Any]) -> None:
 
 
 def test_greedy_output_with_drafts_equals_without_alone(start_server: StartServer) -> None:
-    refs = references(start_server, GROUNDED, 64)
+    refs = references(start_server, GROUNDED, 48)
     spec = start_server(n_parallel=1, spec_type="ngram")
     accepted = 0
     for prompt, reference in zip(GROUNDED, refs, strict=True):
-        got = spec.ask(Generate(prompt, max_tokens=64, temp=0, logit_bias=NO_EOG)).get(timeout=240)
-        assert got.generated_tokens == 64
+        got = spec.ask(Generate(prompt, max_tokens=48, temp=0, logit_bias=NO_EOG)).get(timeout=240)
+        assert got.generated_tokens == 48
         same_greedy(reference, got.token_ids)
         assert got.draft_accepted <= got.draft_tokens
         accepted += got.draft_accepted
         no_stray_cells(spec)
-    assert accepted > 64  # copying prompts: most tokens came from drafts
+    assert accepted > 48  # copying prompts: most tokens came from drafts
     stats = spec.ask(GetStats())
     assert stats["draft_accepted"] == accepted and 0 < stats["draft_acceptance_rate"] <= 1
 
 
 def test_greedy_output_with_drafts_equals_without_in_8_slots(start_server: StartServer) -> None:
     prompts = [p + f" ({i})" if i >= 4 else p for i, p in enumerate(GROUNDED * 2)]
-    refs = references(start_server, prompts, 48)
+    refs = references(start_server, prompts, 40)
     recorder = Recorder()
     spec = start_server(n_parallel=8, spec_type="ngram")
-    futures = [spec.ask(Generate(p, max_tokens=48, temp=0, logit_bias=NO_EOG)) for p in prompts]
+    futures = [spec.ask(Generate(p, max_tokens=40, temp=0, logit_bias=NO_EOG)) for p in prompts]
     for future, reference in zip(futures, refs, strict=True):
         got = future.get(timeout=240)
-        assert got.generated_tokens == 48
+        assert got.generated_tokens == 40
         same_greedy(reference, got.token_ids)
     ticks = [m for m, _ in recorder.of("tick")]
     assert any(m["draft_tokens"] and m["decode_tokens"] > 1 for m in ticks)  # drafts beside other slots
@@ -277,21 +277,21 @@ def test_an_end_of_generation_inside_a_draft_ends_the_request(start_server: Star
 
 def test_context_shift_and_preemption_with_drafts_change_no_output(start_server: StartServer) -> None:
     recorder = Recorder()
-    # A context shift: 96 positions per slot, 150 tokens to generate.
+    # A context shift: 80 positions per slot, 100 tokens to generate.
     prompt = GROUNDED[1]
-    shift_ref = references(start_server, [prompt], 150, n_ctx_per_slot=96)[0]
-    spec = start_server(n_parallel=1, spec_type="ngram", n_ctx_per_slot=96)
-    got = spec.ask(Generate(prompt, max_tokens=150, temp=0, logit_bias=NO_EOG)).get(timeout=240)
-    assert got.generated_tokens == 150
+    shift_ref = references(start_server, [prompt], 100, n_ctx_per_slot=80)[0]
+    spec = start_server(n_parallel=1, spec_type="ngram", n_ctx_per_slot=80)
+    got = spec.ask(Generate(prompt, max_tokens=100, temp=0, logit_bias=NO_EOG)).get(timeout=240)
+    assert got.generated_tokens == 100
     same_greedy(shift_ref, got.token_ids)
     assert any(md["event"] == "context_shift" for _, md in recorder.of("kv_pressure"))
     no_stray_cells(spec)
     spec.stop()
-    # Preemption: 4 slots whose contexts cannot all fit 384 cells.
+    # Preemption: 4 slots whose contexts cannot all fit 256 cells.
     prompts = [p + f" [{i}]" for i, p in enumerate(GROUNDED)]
-    refs = references(start_server, prompts, 140)
-    crowded = start_server(n_parallel=4, n_ctx=384, n_ctx_per_slot=192, spec_type="ngram")
-    futures = [crowded.ask(Generate(p, max_tokens=140, temp=0, logit_bias=NO_EOG)) for p in prompts]
+    refs = references(start_server, prompts, 100)
+    crowded = start_server(n_parallel=4, n_ctx=256, n_ctx_per_slot=192, spec_type="ngram")
+    futures = [crowded.ask(Generate(p, max_tokens=100, temp=0, logit_bias=NO_EOG)) for p in prompts]
     for future, reference in zip(futures, refs, strict=True):
         same_greedy(reference, future.get(timeout=240).token_ids)
     assert any(md["event"] == "preempt" for _, md in recorder.of("kv_pressure"))
@@ -377,7 +377,7 @@ def test_sampled_tokens_keep_their_distribution_with_drafts(start_server: StartS
     # have the same frequencies (a two-sample chi-square test).
     words = [" red", " green", " blue", " gold"]
     prompt = "colors: red green red green red green red green red green red"
-    seeds = range(60)
+    seeds = range(40)
 
     def samples(**options: Any) -> tuple[list[tuple[int, ...]], int, list[int]]:
         ref = start_server(n_parallel=1, cache_prompt=False, **options)
