@@ -5,8 +5,8 @@ forward pass. Verifying draft tokens lengthens the one forward pass every slot o
 tick waits for; a draft token is worth it when the tokens it is expected to add raise
 the tick's tokens per millisecond. With a per-token acceptance ``a`` the ``i``-th
 draft token of a slot adds a token with probability ``a ** i`` (all before it right
-too). Adding one such token to a tick that is expected to give ``E`` tokens in ``C``
-ms pays when ``a ** i / per_token_ms > E / C``; the rule adds the best one, updates
+too). Adding one such token to a tick whose decode rows are expected to give ``E``
+tokens in ``C`` ms pays when ``a ** i / per_token_ms > E / C``; the rule adds the best one, updates
 ``E`` and ``C`` and asks again, so drafts stop by themselves where acceptance is low
 or the batch is already large (at concurrency 8 on a CPU a draft token needs about a
 0.9 chance of being right; alone, about 0.5).
@@ -31,13 +31,11 @@ def add_drafts(slots: Sequence[SlotView], plan: BatchPlan, budget: int, cost: De
     """
     views = {view.seq_id: view for view in slots}
     entries = list(plan.slots)
-    # Expected tokens of the tick: one per decode, one per prefill that completes a prompt.
-    expected = 0.0
-    for entry in entries:
-        view = views.get(entry.seq_id)
-        if entry.decode or (view is not None and 0 < view.prefill_remaining == entry.prefill_tokens):
-            expected += 1.0
-    cost_ms = cost.batch_ms(plan.num_tokens)
+    # The tick's decode rows: one token each, expected, at ``cost``'s price (measured on
+    # decode rows). Prompt chunks are left out of both sides: their tokens are cheaper
+    # per token and yield none, so leaving them out errs toward fewer drafts.
+    expected = float(plan.num_decode_tokens + plan.num_draft_tokens)
+    cost_ms = cost.batch_ms(plan.num_decode_tokens + plan.num_draft_tokens)
     heap: list[tuple[float, int, int, float]] = []  # (-gain, entry index, i, acceptance)
     for index, entry in enumerate(entries):
         view = views.get(entry.seq_id)

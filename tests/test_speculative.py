@@ -157,14 +157,13 @@ def test_ngram_drafts_continue_the_latest_earlier_match() -> None:
     drafter = NgramDrafter(sizes=(3, 2))
     owner = object()
     prompt = [1, 2, 3, 4, 5, 6, 9, 2, 3]
-    # The last 3 tokens (9, 2, 3)... no: (6, 9, 2)? The suffix (9, 2, 3) never occurred;
-    # (2, 3) did, at the start, followed by 4, 5, 6.
+    # The suffix (9, 2, 3) occurred nowhere before; (2, 3) did, followed by 4, 5, 6.
     [draft] = drafter.propose([DraftWant(0, owner, prompt, [], 3)])
-    assert draft == [4, 5, 6]
+    assert draft.tokens == [4, 5, 6] and draft.kind == 2
     [draft] = drafter.propose([DraftWant(0, owner, prompt, [4], 8)])
-    assert draft == [5, 6, 9, 2, 3, 4]  # (2, 3, 4) matched: everything after it
+    assert draft.tokens == [5, 6, 9, 2, 3, 4] and draft.kind == 3  # (2, 3, 4) matched
     [none] = drafter.propose([DraftWant(1, owner, [7, 8, 9], [], 4)])
-    assert none == []
+    assert none.tokens == []
 
 
 def test_ngram_drafter_matches_brute_force_as_tokens_come() -> None:
@@ -179,7 +178,7 @@ def test_ngram_drafter_matches_brute_force_as_tokens_come() -> None:
             limit = rng.randrange(0, 10)
             [draft] = drafter.propose([DraftWant(trial % 3, owner, prompt, list(generated), limit)])
             expected = brute_force(prompt + generated, (4, 3, 2), limit) if limit else []
-            assert draft == expected
+            assert draft.tokens == expected
 
 
 # -- the real model -----------------------------------------------------------------------

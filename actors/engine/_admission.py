@@ -21,7 +21,7 @@ from actors.engine._forward import ForwardPass
 from actors.engine._output import TextStream
 from actors.engine._prepare import Prepared, fit_prompt
 from actors.engine._slots import Choices, Request, Slot
-from actors.engine._speculative import Acceptance
+from actors.engine._speculative import Acceptances
 from strategies import SlotState
 
 __all__ = ["Admission"]
@@ -114,7 +114,7 @@ class Admission(ForwardPass):
         if message.logprobs is not None:
             request.logprobs = []
         if self.drafter is not None and message.speculate:
-            request.acceptance = Acceptance()
+            request.acceptance = Acceptances()
         if reply_to is not None:
             request.on_stall = functools.partial(self._stalled, message)
             request.progress = getattr(message, "progress", False) and index == 0

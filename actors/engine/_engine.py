@@ -93,7 +93,8 @@ class Engine(Admission):
             if slot.shadow >= 0:
                 # Last tick's unverified draft: its first token against the one that came.
                 if len(request.token_ids) == slot.shadow_at + 1:
-                    request.acceptance.verified(1, int(request.token_ids[-1] == slot.shadow))
+                    right = int(request.token_ids[-1] == slot.shadow)
+                    request.acceptance.of(slot.shadow_kind).verified(1, right)
                 slot.shadow = -1
             room = self.n_ctx_slot - len(slot.cached) - 3
             left = request.message.max_tokens - len(request.token_ids) - 1
@@ -103,7 +104,7 @@ class Engine(Admission):
                 slots.append(slot)
         if wants:
             for slot, draft in zip(slots, self.drafter.propose(wants), strict=True):
-                slot.draft = draft
+                slot.draft, slot.draft_kind = draft.tokens, draft.kind
 
     def _plan(self, busy: dict[int, Slot]) -> BatchPlan | None:
         views = {seq_id: slot.view() for seq_id, slot in busy.items()}
@@ -154,6 +155,7 @@ class Engine(Admission):
             request = slot.request
             if slot.draft and not planned.get(seq_id) and request is not None:
                 slot.shadow, slot.shadow_at = slot.draft[0], len(request.token_ids)
+                slot.shadow_kind = slot.draft_kind
         return result
 
     def _emit_tick(self, segments: list[Segment]) -> None:

@@ -61,7 +61,9 @@ class ForwardPass(Sampling):
         elapsed = time.perf_counter() - t0
         self._eval_s += elapsed
         if code == _DECODE_OK:
-            if self.drafter is not None:
+            if self.drafter is not None and all(segment.decode for segment in live):
+                # Decode rows only: a prompt chunk's tokens cost a fraction of a decode
+                # row's, and would tilt the line to make draft tokens look cheap.
                 self.cost.observe(end - start, elapsed * 1000.0)
             self._commit(live, start)
         elif code == _DECODE_NO_KV_SPACE:
@@ -126,7 +128,7 @@ class ForwardPass(Sampling):
         accepted draft's cell goes on the books, and the cells of the rejected drafts
         are dropped before anything else runs.
         """
-        drafts = slot.draft[: segment.drafts]
+        drafts, kind = slot.draft[: segment.drafts], slot.draft_kind
         row = segment.logits_row - start
         accepted = 0
         # Counted before a token can end the request: its Completion is built then. A
@@ -150,7 +152,7 @@ class ForwardPass(Sampling):
             self._drafted_now += len(drafts)
             self._accepted_now += accepted
             if request.acceptance is not None:
-                request.acceptance.verified(len(drafts), accepted)
+                request.acceptance.of(kind).verified(len(drafts), accepted)
 
     def _sample_alone(self, slot: Slot, row: int) -> int | None:
         """Sample ``row`` for the slot; a sampler that breaks fails its request alone.

@@ -20,7 +20,7 @@ import pykka
 from actors.contract._messages import ReplyTo, RequestMessage, SamplingParams
 from actors.contract._results import TokenLogprob
 from actors.engine._output import TextStream
-from actors.engine._speculative import Acceptance
+from actors.engine._speculative import Acceptances
 from strategies import SlotState, SlotView
 
 __all__ = ["Choices", "Request", "Slot", "common_prefix_len"]
@@ -83,7 +83,7 @@ class Request:
     # estimate of its next draft token's chance (None: it does not speculate).
     draft_tokens: int = 0
     draft_accepted: int = 0
-    acceptance: Acceptance | None = None
+    acceptance: Acceptances | None = None
 
     def __post_init__(self) -> None:
         if not self.context:
@@ -129,15 +129,19 @@ class Slot:
     shifted: bool = False
     # This tick's proposed draft tokens, to follow ``pending`` (speculative decoding),
     # and a draft's first token the plan did not verify, with the request's token count
-    # then: the next token tells, for free, whether it would have been right.
+    # then: the next token tells, for free, whether it would have been right. A draft's
+    # kind keys the acceptance it is judged by.
     draft: list[int] = field(default_factory=list)
+    draft_kind: int = 0
     shadow: int = -1
     shadow_at: int = 0
+    shadow_kind: int = 0
 
     def view(self) -> SlotView:
         """The read-only view a strategy sees (busy slots only)."""
         request = self.request
         assert request is not None
+        acceptance = request.acceptance.of(self.draft_kind).rate if request.acceptance is not None else 0.0
         return SlotView(
             seq_id=self.seq_id,
             state=self.state,
@@ -148,7 +152,7 @@ class Slot:
             generated_tokens=len(request.token_ids),
             arrival=request.arrival,
             draft_tokens=len(self.draft),
-            draft_acceptance=request.acceptance.rate if request.acceptance is not None else 0.0,
+            draft_acceptance=acceptance,
         )
 
     def release(self) -> Request | None:

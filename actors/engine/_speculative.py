@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from strategies import DecodeCost
 
-__all__ = ["Acceptance", "CostModel", "DraftWant", "Drafter", "NgramDrafter"]
+__all__ = ["Acceptance", "Acceptances", "CostModel", "Draft", "DraftWant", "Drafter", "NgramDrafter"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +37,24 @@ class DraftWant:
     limit: int
 
 
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Proposed tokens, and what kind of evidence made them (the n-gram drafter: the
+    size of the match): a request's acceptance is learned per kind, as a 4-token match
+    says more than a 2-token one."""
+
+    tokens: list[int]
+    kind: int = 0
+
+
+_NONE = Draft([])
+
+
 class Drafter(abc.ABC):
     """Proposes draft tokens for slots (engine thread)."""
 
     @abc.abstractmethod
-    def propose(self, wants: Sequence[DraftWant]) -> list[list[int]]:
+    def propose(self, wants: Sequence[DraftWant]) -> list[Draft]:
         """A draft for each want, in order: at most its ``limit`` tokens, maybe none."""
 
     def close(self) -> None:  # noqa: B027 (a drafter with resources overrides it)
@@ -70,7 +83,7 @@ class _History:
             for e in range(max(start, n), len(tokens)):
                 last[tuple(tokens[e - n : e])] = e
 
-    def propose(self, limit: int) -> list[int]:
+    def propose(self, limit: int) -> Draft:
         """The continuation of the longest indexed n-gram that ends the tokens."""
         tokens = self.tokens
         for n, last in self.last:
@@ -78,8 +91,8 @@ class _History:
                 continue
             e = last.get(tuple(tokens[-n:]))
             if e is not None:
-                return tokens[e : e + limit]
-        return []
+                return Draft(tokens[e : e + limit], n)
+        return _NONE
 
 
 class NgramDrafter(Drafter):
@@ -98,8 +111,8 @@ class NgramDrafter(Drafter):
         self.sizes = tuple(sorted(set(sizes), reverse=True))
         self._histories: dict[int, _History] = {}
 
-    def propose(self, wants: Sequence[DraftWant]) -> list[list[int]]:
-        """Each want's draft (see the class)."""
+    def propose(self, wants: Sequence[DraftWant]) -> list[Draft]:
+        """Each want's draft (see the class); its kind is the size of the match."""
         drafts = []
         for want in wants:
             history = self._histories.get(want.seq_id)
@@ -111,7 +124,7 @@ class NgramDrafter(Drafter):
                 history.extend(want.prompt[have:])
                 have = len(want.prompt)
             history.extend(want.generated[have - len(want.prompt) :])
-            drafts.append(history.propose(want.limit) if want.limit > 0 else [])
+            drafts.append(history.propose(want.limit) if want.limit > 0 else _NONE)
         return drafts
 
 
@@ -186,3 +199,19 @@ class Acceptance:
         keep = self.DECAY**tried
         self._hits = self._hits * keep + accepted
         self._tries = self._tries * keep + tried
+
+
+class Acceptances:
+    """A request's :class:`Acceptance` for each kind of draft."""
+
+    __slots__ = ("_by_kind",)
+
+    def __init__(self) -> None:
+        self._by_kind: dict[int, Acceptance] = {}
+
+    def of(self, kind: int) -> Acceptance:
+        """The estimate for drafts of ``kind`` (new ones start at the prior)."""
+        found = self._by_kind.get(kind)
+        if found is None:
+            found = self._by_kind[kind] = Acceptance()
+        return found
