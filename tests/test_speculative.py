@@ -67,8 +67,8 @@ def test_drafts_are_planned_where_they_pay_and_nowhere_else() -> None:
     cost = DecodeCost(fixed_ms=10.0, per_token_ms=10.0)
     # Alone, a draft that is usually right pays for several tokens.
     alone = add_drafts([view(0, 16, 0.95)], decodes(0), 100, cost)
-    assert 4 <= alone.num_draft_tokens <= 16
-    # A poor drafter gets none: 0.3 < the 0.5 a lone slot's first draft token needs.
+    assert 3 <= alone.num_draft_tokens <= 16
+    # A poor drafter gets none: 0.3 < the 0.58 a lone slot's first draft token needs.
     assert add_drafts([view(0, 16, 0.3)], decodes(0), 100, cost).num_draft_tokens == 0
     # In a batch of 8 the same rate buys far fewer: every slot waits for the longer pass.
     views = [view(i, 16, 0.95) for i in range(8)]
