@@ -6,10 +6,10 @@ tick waits for; a draft token is worth it when the tokens it is expected to add 
 the tick's tokens per millisecond. With a per-token acceptance ``a`` the ``i``-th
 draft token of a slot adds a token with probability ``a ** i`` (all before it right
 too). Adding one such token to a tick whose decode rows are expected to give ``E``
-tokens in ``C`` ms pays when ``a ** i / per_token_ms > E / C`` (by a 15% margin); the rule adds the best one, updates
-``E`` and ``C`` and asks again, so drafts stop by themselves where acceptance is low
-or the batch is already large (at concurrency 8 on a CPU a draft token needs about a
-0.9 chance of being right; alone, about 0.5).
+tokens in ``C`` ms pays when ``a ** i / per_token_ms > E / C``, by a 15% margin; the
+rule adds the best one, updates ``E`` and ``C`` and asks again, so drafts stop by
+themselves where acceptance is low or the batch is already large (at concurrency 8 on
+a CPU a draft token needs about a 0.9 chance of being right; alone, about 0.6).
 """
 
 from __future__ import annotations
