@@ -7,7 +7,8 @@ import itertools
 import os
 import platform
 import statistics
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,26 @@ def prompts(n: int, tag: str) -> list[str]:
     """``n`` distinct short prompts; ``tag`` makes each run's prompts unique, so no
     system gets a prefix-cache hit from an earlier run."""
     return [f"[{tag}.{i}] Write about {_TOPICS[i % len(_TOPICS)]}:" for i in range(n)]
+
+
+def run_threads(targets: Sequence[Callable[[], None]]) -> None:
+    """Run every target in its own thread at once; the first exception is raised
+    after all of them end."""
+    errors: list[BaseException] = []
+
+    def guarded(target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(target,)) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -7,6 +7,7 @@ and when each token arrived at the caller.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import Done, Failed, ServerActor, Stream, Token
-from bench._common import EOG_IDS, NO_EOG, Measurement, timings_to_measurement
+from bench._common import EOG_IDS, NO_EOG, Measurement, run_threads, timings_to_measurement
 
 __all__ = ["ALL", "System", "available"]
 
@@ -53,21 +54,11 @@ class System:
 def _in_threads(prompts: Sequence[str], one: Any) -> Timings:
     """Run ``one(prompt) -> (t_sent, arrivals)`` for every prompt at once."""
     results: Timings = [(0.0, [])] * len(prompts)
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            results[i] = one(prompts[i])
-        except BaseException as e:
-            errors.append(e)
+        results[i] = one(prompts[i])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    run_threads([functools.partial(work, i) for i in range(len(prompts))])
     return results
 
 

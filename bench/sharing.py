@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import queue
@@ -56,7 +57,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import urllib.request  # after the line above: it imports http, which bench/http.py shadows
 
 from actors import Done, Failed, GetTokenizer, ServerActor, StreamTokens, Token, default_model_path
-from bench._common import NO_EOG, RESULTS, machine, markdown_table, percentile, write_result
+from bench._common import NO_EOG, RESULTS, machine, markdown_table, percentile, run_threads, write_result
 from bench._sse import SseConnection
 from bench._systems import _free_port, _wait_http
 
@@ -149,29 +150,19 @@ def unique_tokens(prompts: Sequence[Sequence[int]]) -> int:
 def drive(clients: list[list[list[int]]], max_tokens: int, send: Send) -> tuple[list[dict[str, Any]], float]:
     """Every client at once, each turn by turn; returns per-request records and wall s."""
     records: list[dict[str, Any]] = []
-    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def client(i: int) -> None:
         prompt: list[int] = []
-        try:
-            for turn in clients[i]:
-                prompt = prompt + turn
-                ttft_ms, answer, computed = send(i, prompt, max_tokens)
-                with lock:
-                    records.append({"prompt": prompt, "ttft_ms": ttft_ms, "computed": computed})
-                prompt = prompt + answer
-        except BaseException as e:
-            errors.append(e)
+        for turn in clients[i]:
+            prompt = prompt + turn
+            ttft_ms, answer, computed = send(i, prompt, max_tokens)
+            with lock:
+                records.append({"prompt": prompt, "ttft_ms": ttft_ms, "computed": computed})
+            prompt = prompt + answer
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(clients))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    run_threads([functools.partial(client, i) for i in range(len(clients))])
     return records, time.perf_counter() - t0
 
 

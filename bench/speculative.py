@@ -41,7 +41,7 @@ from typing import Any
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from actors import GetStats, ServerActor, chat, default_model_path
-from bench._common import _TOPICS, RESULTS, machine, markdown_table, write_result
+from bench._common import _TOPICS, RESULTS, machine, markdown_table, run_threads, write_result
 from bench._sse import SseConnection
 from bench._systems import _free_port, _wait_http
 
@@ -99,7 +99,6 @@ def _closed_loop(n_clients: int, work: list[Any], one: Any) -> float:
     """``n_clients`` threads take requests from ``work`` until none is left; the wall time."""
     lock = threading.Lock()
     left = list(work)
-    errors: list[BaseException] = []
 
     def client() -> None:
         while True:
@@ -107,20 +106,10 @@ def _closed_loop(n_clients: int, work: list[Any], one: Any) -> float:
                 if not left:
                     return
                 item = left.pop(0)
-            try:
-                one(item)
-            except BaseException as e:
-                errors.append(e)
-                return
+            one(item)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(n_clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    run_threads([client] * n_clients)
     return time.perf_counter() - t0
 
 

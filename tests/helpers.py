@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -9,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import telemetry
-from actors import Completion, Done, Failed
+from actors import Completion, Done, Failed, Generate
 
 # Ban every end-of-generation token of the default model, so a request runs until
 # max_tokens, a cancel or a stop: tests that need a busy slot must not race an EOG.
@@ -116,4 +117,61 @@ def model_formatter(llm: Any) -> Any:
         template=llm.metadata["tokenizer.chat_template"],
         eos_token=llm._model.token_get_text(llm.token_eos()),
         bos_token=llm._model.token_get_text(llm.token_bos()),
+    )
+
+
+_REFERENCES: dict[tuple[Any, ...], Completion] = {}
+
+
+def greedy_references(
+    start_server: Callable[..., Any],
+    prompts: Sequence[str],
+    max_tokens: int,
+    *,
+    eog: bool = False,
+    at_least: int = 0,
+    **options: Any,
+) -> list[Completion]:
+    """Each prompt alone on a one-slot engine that reuses and shares nothing, greedy
+    with margins (``logprobs=2``): the first ``max_tokens`` tokens, end-of-generation
+    banned unless ``eog``.
+
+    Runs are kept for the test session and cut to length: one slot with no reuse is the
+    same computation however long the run, so its first ``n`` tokens are those of a run
+    of ``n``. A run is made ``at_least`` tokens long, so that a module's tests share it.
+    A cut run's ``text`` is its tokens' texts joined.
+    """
+    options = {"n_ctx": 2048, **options}
+    keys = {p: (p, eog, tuple(sorted(options.items()))) for p in prompts}
+    missing = [p for p in prompts if _too_short(_REFERENCES.get(keys[p]), max_tokens)]
+    if missing:
+        engine = start_server(n_parallel=1, cache_prompt=False, prefix_sharing=False, **options)
+        bias = {} if eog else {"logit_bias": NO_EOG}
+        for p in missing:
+            message = Generate(p, max_tokens=max(max_tokens, at_least), temp=0, logprobs=2, **bias)
+            _REFERENCES[keys[p]] = engine.ask(message).get(timeout=240)
+        engine.stop()
+    return [_cut(_REFERENCES[keys[p]], max_tokens) for p in prompts]
+
+
+def _too_short(run: Completion | None, max_tokens: int) -> bool:
+    """Whether ``run`` is missing or stopped at its own ``max_tokens`` short of these
+    (not at an end of generation)."""
+    return run is None or (run.generated_tokens < max_tokens and run.stop_reason == "max_tokens")
+
+
+def _cut(run: Completion, max_tokens: int) -> Completion:
+    """``run`` as if it had been asked for ``max_tokens`` tokens."""
+    if run.generated_tokens <= max_tokens:
+        return run
+    assert run.logprobs is not None
+    logprobs = run.logprobs[:max_tokens]
+    return dataclasses.replace(
+        run,
+        token_ids=run.token_ids[:max_tokens],
+        logprobs=logprobs,
+        generated_tokens=max_tokens,
+        text="".join(entry.text for entry in logprobs),
+        stop_reason="max_tokens",
+        stop_string=None,
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 import pykka
 import pytest
-from helpers import NO_EOG, Recorder, compare, margins, same_greedy, wait_until
+from helpers import NO_EOG, Recorder, compare, greedy_references, margins, same_greedy, wait_until
 
 from actors import (
     Cancel,
@@ -44,6 +44,7 @@ PASSAGE = (
     "The lighthouse keeper climbed the stairs at dusk, lit the great lamp, and wrote the "
     "weather in his book: wind from the west, waves high, one ship far out on the water. "
 )
+LONGEST = 100  # the references' length, cut for each test
 GROUNDED = [
     "Original text:\n" + PASSAGE + "\n\nThe same text, copied exactly:\n" + PASSAGE[:40],
     "The cat sat on the mat. " * 6,
@@ -185,17 +186,10 @@ def test_ngram_drafter_matches_brute_force_as_tokens_come() -> None:
 
 
 def references(
-    start_server: StartServer, prompts: list[str], max_tokens: int, eog: bool = False, **options: Any
+    start_server: StartServer, prompts: list[str], max_tokens: int, **options: Any
 ) -> list[Completion]:
-    """Each prompt alone on an engine without drafts, greedy with margins."""
-    alone = start_server(n_parallel=1, cache_prompt=False, **options)
-    bias = {} if eog else {"logit_bias": NO_EOG}
-    done = [
-        alone.ask(Generate(p, max_tokens=max_tokens, temp=0, logprobs=2, **bias)).get(timeout=240)
-        for p in prompts
-    ]
-    alone.stop()
-    return done
+    """Each prompt alone on an engine without drafts (one run of ``LONGEST`` a prompt)."""
+    return greedy_references(start_server, prompts, max_tokens, at_least=LONGEST, **options)
 
 
 def no_stray_cells(ref: pykka.ActorRef[Any]) -> None:
@@ -220,8 +214,8 @@ def test_greedy_output_with_drafts_equals_without_alone(start_server: StartServe
 
 
 def test_greedy_output_with_drafts_equals_without_in_8_slots(start_server: StartServer) -> None:
-    prompts = [p + f" ({i})" if i >= 4 else p for i, p in enumerate(GROUNDED * 2)]
-    refs = references(start_server, prompts, 40)
+    prompts = GROUNDED + [p + f" ({i})" for i, p in enumerate(GROUNDED)]
+    refs = references(start_server, GROUNDED, 40) + greedy_references(start_server, prompts[4:], 40)
     recorder = Recorder()
     spec = start_server(n_parallel=8, spec_type="ngram")
     futures = [spec.ask(Generate(p, max_tokens=40, temp=0, logit_bias=NO_EOG)) for p in prompts]
@@ -265,7 +259,7 @@ def test_an_end_of_generation_inside_a_draft_ends_the_request(start_server: Star
     # The copy ends where the passage does; the drafter proposes what followed it in
     # the prompt, and the model says end-of-generation instead.
     prompt = "Copy this line: the quick brown fox jumps over the lazy dog.\nCopy: the quick brown fox"
-    reference = references(start_server, [prompt], 80, eog=True)[0]
+    reference = greedy_references(start_server, [prompt], 80, eog=True)[0]
     spec = start_server(n_parallel=1, spec_type="ngram")
     got = spec.ask(Generate(prompt, max_tokens=80, temp=0)).get(timeout=120)
     same_greedy(reference, got.token_ids)
@@ -278,7 +272,7 @@ def test_context_shift_and_preemption_with_drafts_change_no_output(start_server:
     recorder = Recorder()
     # A context shift: 80 positions per slot, 100 tokens to generate.
     prompt = GROUNDED[1]
-    shift_ref = references(start_server, [prompt], 100, n_ctx_per_slot=80)[0]
+    shift_ref = greedy_references(start_server, [prompt], 100, n_ctx_per_slot=80)[0]
     spec = start_server(n_parallel=1, spec_type="ngram", n_ctx_per_slot=80)
     got = spec.ask(Generate(prompt, max_tokens=100, temp=0, logit_bias=NO_EOG)).get(timeout=240)
     assert got.generated_tokens == 100
@@ -287,10 +281,9 @@ def test_context_shift_and_preemption_with_drafts_change_no_output(start_server:
     no_stray_cells(spec)
     spec.stop()
     # Preemption: 4 slots whose contexts cannot all fit 256 cells.
-    prompts = [p + f" [{i}]" for i, p in enumerate(GROUNDED)]
-    refs = references(start_server, prompts, 100)
+    refs = references(start_server, GROUNDED, 100)
     crowded = start_server(n_parallel=4, n_ctx=256, n_ctx_per_slot=192, spec_type="ngram")
-    futures = [crowded.ask(Generate(p, max_tokens=100, temp=0, logit_bias=NO_EOG)) for p in prompts]
+    futures = [crowded.ask(Generate(p, max_tokens=100, temp=0, logit_bias=NO_EOG)) for p in GROUNDED]
     for future, reference in zip(futures, refs, strict=True):
         same_greedy(reference, future.get(timeout=240).token_ids)
     assert any(md["event"] == "preempt" for _, md in recorder.of("kv_pressure"))
@@ -379,7 +372,7 @@ def test_sampled_tokens_keep_their_distribution_with_drafts(start_server: StartS
     seeds = range(40)
 
     def samples(**options: Any) -> tuple[list[tuple[int, ...]], int, list[int]]:
-        ref = start_server(n_parallel=1, cache_prompt=False, **options)
+        ref = start_server(n_parallel=1, **options)  # the prompt is reused: computed once
         tokenizer = ref.ask(GetTokenizer())
         ids = [tokenizer.tokenize(w, add_special=False)[0] for w in words]
         bias = {t: 100.0 - i for i, t in enumerate(ids)}

@@ -90,12 +90,12 @@ class Engine(Admission):
             request = slot.request
             if slot.state is not SlotState.GENERATING or request is None or request.acceptance is None:
                 continue
-            if slot.shadow >= 0:
+            if slot.shadow is not None:
                 # Last tick's unverified draft: its first token against the one that came.
-                if len(request.token_ids) == slot.shadow_at + 1:
-                    right = int(request.token_ids[-1] == slot.shadow)
-                    request.acceptance.of(slot.shadow_kind).verified(1, right)
-                slot.shadow = -1
+                token, at, kind = slot.shadow
+                if len(request.token_ids) == at + 1:
+                    request.acceptance.of(kind).verified(1, int(request.token_ids[-1] == token))
+                slot.shadow = None
             room = self.n_ctx_slot - len(slot.cached) - 3
             left = request.message.max_tokens - len(request.token_ids) - 1
             limit = min(self.config.draft_max, room, left)
@@ -119,7 +119,7 @@ class Engine(Admission):
                 and isinstance(plan, BatchPlan)
                 and any(view.draft_tokens for view in views.values())
             ):
-                plan = self._with_drafts(strategy, list(views.values()), plan, busy)
+                plan = self._with_drafts(strategy, views, plan, busy)
             return check_plan(plan, views, n_batch, self.config.chunk_size)
         except BaseException as e:  # sys.exit() in a strategy must not stop every actor
             error = (
@@ -133,16 +133,16 @@ class Engine(Admission):
             return None
 
     def _with_drafts(
-        self, strategy: BatchStrategy, views: list[SlotView], plan: BatchPlan, busy: dict[int, Slot]
+        self, strategy: BatchStrategy, views: dict[int, SlotView], plan: BatchPlan, busy: dict[int, Slot]
     ) -> BatchPlan:
         """The strategy's ``plan_drafts`` within what the batch and the free KV cells
         leave (a draft never pushes out a cache, let alone a request)."""
-        base = check_plan(plan, {v.seq_id: v for v in views}, self.backend.n_batch, self.config.chunk_size)
+        base = check_plan(plan, views, self.backend.n_batch, self.config.chunk_size)
         budget = min(self.backend.n_batch, self.memory.free_cells) - base.num_tokens
         if budget <= 0:
             result = base
         else:
-            result = strategy.plan_drafts(views, base, budget, self.cost.cost())
+            result = strategy.plan_drafts(list(views.values()), base, budget, self.cost.cost())
             if not isinstance(result, BatchPlan):
                 raise StrategyError(f"plan_drafts must return a BatchPlan, got {type(result).__name__}")
             if result.num_draft_tokens - base.num_draft_tokens > budget:
@@ -154,8 +154,7 @@ class Engine(Admission):
         for seq_id, slot in busy.items():  # a draft the plan passed over: checked next tick
             request = slot.request
             if slot.draft and not planned.get(seq_id) and request is not None:
-                slot.shadow, slot.shadow_at = slot.draft[0], len(request.token_ids)
-                slot.shadow_kind = slot.draft_kind
+                slot.shadow = (slot.draft[0], len(request.token_ids), slot.draft_kind)
         return result
 
     def _emit_tick(self, segments: list[Segment]) -> None:

@@ -127,15 +127,13 @@ class Slot:
     session: str | None = None
     # A context shift rewrote positions: the KV no longer matches a fresh prefill.
     shifted: bool = False
-    # This tick's proposed draft tokens, to follow ``pending`` (speculative decoding),
-    # and a draft's first token the plan did not verify, with the request's token count
-    # then: the next token tells, for free, whether it would have been right. A draft's
-    # kind keys the acceptance it is judged by.
+    # This tick's proposed draft tokens, to follow ``pending`` (speculative decoding);
+    # a draft's kind keys the acceptance it is judged by. ``shadow``: the first token of
+    # a draft the plan did not verify, the request's token count then, and the kind: the
+    # next token tells, for free, whether it would have been right.
     draft: list[int] = field(default_factory=list)
     draft_kind: int = 0
-    shadow: int = -1
-    shadow_at: int = 0
-    shadow_kind: int = 0
+    shadow: tuple[int, int, int] | None = None
 
     def view(self) -> SlotView:
         """The read-only view a strategy sees (busy slots only)."""
@@ -161,7 +159,7 @@ class Slot:
         self.state = SlotState.IDLE
         self.pending = -1
         self.draft = []
-        self.shadow = -1
+        self.shadow = None
         self.t_last_used = time.monotonic()
         return request
 
