@@ -19,6 +19,13 @@ tables give the median over rounds.
     make bench-peers && python bench/speculative.py
     python bench/speculative.py --quick --systems engine engine-ngram   # a smoke run
 
+The ``-draft`` systems have the default model draft for itself (``spec_type="draft"``,
+llama-server's ``--spec-type draft-simple -md``): every draft is right under greedy
+decoding and each costs a full pass, so they measure the mechanics, not a speed-up.
+At concurrency 1 the table also gives the decoding phase's rate (tokens over the time
+after each request's first token, llama-server's ``timings.predicted_ms``), which leaves
+out the prompts' prefill that no drafter can shorten.
+
 Goals (issue 16): grounded, concurrency 1: engine-ngram >= 1.5x engine and ahead of
 llama-server-ngram; grounded, concurrency 8: engine-ngram >= 1.0x engine; open: never
 more than 3% slower than engine. Writes ``bench/results/speculative.md``.
@@ -46,7 +53,18 @@ from bench._sse import SseConnection
 from bench._systems import _free_port, _wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEMS = ["engine", "engine-ngram", "llama-server", "llama-server-ngram"]
+SYSTEMS = [
+    "engine", "engine-ngram", "engine-draft", "llama-server", "llama-server-ngram", "llama-server-draft"
+]  # fmt: skip
+# spec_type of each engine system; "draft" has the default model draft for itself (a
+# test of the mechanics: every draft is right under greedy decoding, and each costs a
+# full pass of the model).
+ENGINE_SPEC = {"engine": None, "engine-ngram": "ngram", "engine-draft": "draft"}
+LLAMA_SERVER_SPEC = {
+    "llama-server": [],
+    "llama-server-ngram": ["--spec-type", "ngram-simple"],
+    "llama-server-draft": ["--spec-type", "draft-simple", "-md", default_model_path()],
+}
 WORKLOADS = ["grounded", "open"]
 N_PARALLEL = 8
 
@@ -120,22 +138,25 @@ def run_engine(args: argparse.Namespace, spec: str | None, work: list[Any]) -> d
         n_threads=args.n_threads,
         spec_type=spec,
         draft_max=args.draft_max,
+        draft_model_path=default_model_path() if spec == "draft" else None,
     )
     try:
         chat(ref, [{"role": "user", "content": "Hi"}], max_tokens=2, temp=0)
-        tokens = [0]
+        tokens, decode_s = [0], [0.0]
         lock = threading.Lock()
 
         def one(messages: list[dict[str, str]]) -> None:
             done = chat(ref, messages, max_tokens=args.max_tokens, temp=0)
             with lock:
                 tokens[0] += done.generated_tokens
+                decode_s[0] += (done.duration_ms - done.ttft_ms) / 1000.0
 
         wall = _closed_loop(args.level, work, one)
         stats = ref.ask(GetStats())
         return {
             "tokens": tokens[0],
             "wall_s": wall,
+            "decode_s": decode_s[0],
             "draft_tokens": stats["draft_tokens"],
             "draft_accepted": stats["draft_accepted"],
         }
@@ -143,7 +164,7 @@ def run_engine(args: argparse.Namespace, spec: str | None, work: list[Any]) -> d
         ref.stop()
 
 
-def run_llama_server(args: argparse.Namespace, spec: bool, work: list[Any]) -> dict[str, Any]:
+def run_llama_server(args: argparse.Namespace, spec: list[str], work: list[Any]) -> dict[str, Any]:
     port = _free_port()
     command = [
         os.environ.get("LLAMA_SERVER_BIN", str(ROOT / "bench/.peers/llama-server")),
@@ -152,14 +173,14 @@ def run_llama_server(args: argparse.Namespace, spec: bool, work: list[Any]) -> d
         "-t", str(args.n_threads), "-tb", str(args.n_threads), "--no-webui", "--metrics",
     ]  # fmt: skip
     if spec:
-        command += ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(args.draft_max)]
+        command += [*spec, "--spec-draft-n-max", str(args.draft_max)]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_http(port, "/health", proc)
-        tokens = [0]
+        tokens, decode_s = [0], [0.0]
         lock = threading.Lock()
 
-        async def ask(messages: list[dict[str, str]], max_tokens: int) -> int:
+        async def ask(messages: list[dict[str, str]], max_tokens: int) -> tuple[int, float]:
             connection = SseConnection(port)
             body = {
                 "messages": messages,
@@ -168,26 +189,34 @@ def run_llama_server(args: argparse.Namespace, spec: bool, work: list[Any]) -> d
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            used = 0
+            used, predicted_ms = 0, 0.0
             try:
                 async for payload in connection.events("/v1/chat/completions", body):
-                    if payload.startswith(b"{") and b'"usage"' in payload:
-                        usage = json.loads(payload).get("usage") or {}
-                        used = usage.get("completion_tokens", used)
+                    if payload.startswith(b"{") and (b'"usage"' in payload or b'"timings"' in payload):
+                        event = json.loads(payload)
+                        used = (event.get("usage") or {}).get("completion_tokens", used)
+                        predicted_ms = (event.get("timings") or {}).get("predicted_ms", predicted_ms)
             finally:
                 await connection.close()
-            return int(used)
+            return int(used), float(predicted_ms)
 
         asyncio.run(ask([{"role": "user", "content": "Hi"}], 2))
 
         def one(messages: list[dict[str, str]]) -> None:
-            n = asyncio.run(ask(messages, args.max_tokens))
+            n, predicted_ms = asyncio.run(ask(messages, args.max_tokens))
             with lock:
                 tokens[0] += n
+                decode_s[0] += predicted_ms / 1000.0
 
         wall = _closed_loop(args.level, work, one)
         drafted, accepted = _draft_metrics(port)
-        return {"tokens": tokens[0], "wall_s": wall, "draft_tokens": drafted, "draft_accepted": accepted}
+        return {
+            "tokens": tokens[0],
+            "wall_s": wall,
+            "decode_s": decode_s[0],
+            "draft_tokens": drafted,
+            "draft_accepted": accepted,
+        }
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -213,10 +242,10 @@ def _draft_metrics(port: int) -> tuple[int, int]:
 
 def child(args: argparse.Namespace) -> None:
     work = requests_of(args.workload, args.requests, args.tag)
-    if args.child.startswith("engine"):
-        result = run_engine(args, "ngram" if args.child == "engine-ngram" else None, work)
+    if args.child in ENGINE_SPEC:
+        result = run_engine(args, ENGINE_SPEC[args.child], work)
     else:
-        result = run_llama_server(args, args.child == "llama-server-ngram", work)
+        result = run_llama_server(args, LLAMA_SERVER_SPEC[args.child], work)
     print(json.dumps(result))
 
 
@@ -242,6 +271,12 @@ def _rate(runs: list[dict[str, Any]]) -> float:
     return statistics.median(r["tokens"] / r["wall_s"] for r in runs)
 
 
+def _decode_rate(runs: list[dict[str, Any]]) -> float:
+    """Tokens per second of the requests' generation phase (after the first token), as
+    llama-server's ``timings.predicted_per_second``: the prompts' prefill left out."""
+    return statistics.median(r["tokens"] / r["decode_s"] for r in runs if r.get("decode_s"))
+
+
 def _acceptance(runs: list[dict[str, Any]]) -> str:
     drafted = sum(r["draft_tokens"] for r in runs)
     accepted = sum(r["draft_accepted"] for r in runs)
@@ -262,6 +297,7 @@ def report(results: dict[tuple[str, str, int], list[dict[str, Any]]], args: argp
                             str(level),
                             system,
                             f"{_rate(runs):.1f}",
+                            f"{_decode_rate(runs):.1f}" if level == 1 else "-",
                             f"{tokens:.0f}",
                             _acceptance(runs),
                         ]
@@ -270,7 +306,9 @@ def report(results: dict[tuple[str, str, int], list[dict[str, Any]]], args: argp
         f"# Speculative decoding\n\n{machine()}; SmolLM2-135M-Instruct Q4_1, greedy chat requests up to "
         f"{args.max_tokens} tokens (ending at end-of-generation), {N_PARALLEL} slots, n_ctx={args.n_ctx}, "
         f"n_threads={args.n_threads}, draft_max={args.draft_max} (llama-server: --spec-type ngram-simple "
-        f"--spec-draft-n-max {args.draft_max}); max({args.requests}, 2 x c) requests per level from c "
+        f"or draft-simple, --spec-draft-n-max {args.draft_max}); the -draft systems have the model draft for "
+        f"itself (every draft right, each a full pass: the mechanics, not a speed-up); "
+        f"max({args.requests}, 2 x c) requests per level from c "
         f"closed-loop clients; median of {args.rounds} interleaved rounds, each run a fresh process.\n\n"
         + markdown_table(
             [
@@ -278,40 +316,38 @@ def report(results: dict[tuple[str, str, int], list[dict[str, Any]]], args: argp
                 "concurrency",
                 "system",
                 "tokens/s",
+                "decode tokens/s (c=1)",
                 "tokens",
                 "drafts accepted (of drafted per run)",
             ],
             rows,
         )
     )
-    ratio_rows = []
-    for workload in args.workloads:
-        for level in args.levels:
-            base = results.get(("engine", workload, level))
-            spec = results.get(("engine-ngram", workload, level))
-            if not base or not spec:
-                continue
-            row = [workload, str(level), f"{_rate(spec) / _rate(base):.2f}x"]
-            for peer in ("llama-server-ngram", "llama-server"):
-                other = results.get((peer, workload, level))
-                row.append(f"{_rate(spec) / _rate(other):.2f}x" if other else "-")
-            ls, lsn = (
-                results.get(("llama-server", workload, level)),
-                results.get(("llama-server-ngram", workload, level)),
-            )
-            row.append(f"{_rate(lsn) / _rate(ls):.2f}x" if ls and lsn else "-")
-            ratio_rows.append(row)
-    if ratio_rows:
+
+    def ratio(a: str, b: str, workload: str, level: int, rate: Any = _rate) -> str:
+        x, y = results.get((a, workload, level)), results.get((b, workload, level))
+        return f"{rate(x) / rate(y):.2f}x" if x and y else "-"
+
+    columns = [
+        ("engine-ngram / engine", "engine-ngram", "engine", _rate),
+        ("decoding only (c=1)", "engine-ngram", "engine", _decode_rate),
+        ("engine-ngram / llama-server-ngram", "engine-ngram", "llama-server-ngram", _rate),
+        ("llama-server-ngram / llama-server", "llama-server-ngram", "llama-server", _rate),
+        ("engine-draft / engine", "engine-draft", "engine", _rate),
+        ("llama-server-draft / llama-server", "llama-server-draft", "llama-server", _rate),
+    ]
+    ratio_rows = [
+        [workload, str(level)]
+        + [
+            ratio(a, b, workload, level, rate) if rate is _rate or level == 1 else "-"
+            for _, a, b, rate in columns
+        ]
+        for workload in args.workloads
+        for level in args.levels
+    ]
+    if any(cell != "-" for row in ratio_rows for cell in row[2:]):
         text += "\n## Ratios\n\n" + markdown_table(
-            [
-                "workload",
-                "concurrency",
-                "engine-ngram / engine",
-                "engine-ngram / llama-server-ngram",
-                "engine-ngram / llama-server",
-                "llama-server-ngram / llama-server",
-            ],
-            ratio_rows,
+            ["workload", "concurrency", *(name for name, *_ in columns)], ratio_rows
         )
         text += (
             "\nGoals: grounded at concurrency 1 at least 1.5x the engine and ahead of llama-server-ngram; "

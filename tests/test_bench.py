@@ -140,12 +140,13 @@ def test_http(tmp_path: Path) -> None:
 @pytest.mark.bench_smoke
 @pytest.mark.timeout(300)
 def test_speculative(tmp_path: Path) -> None:
-    run("speculative.py", tmp_path, "--quick", "--systems", "engine", "engine-ngram")
+    run("speculative.py", tmp_path, "--quick", "--systems", "engine", "engine-ngram", "engine-draft")
     table = (tmp_path / "speculative.md").read_text()
     for row in (
         "| grounded | 1 | engine |",
         "| grounded | 1 | engine-ngram |",
         "| open | 2 | engine-ngram |",
+        "| open | 2 | engine-draft |",
     ):
         assert row in table
-    assert "engine-ngram / engine" in table
+    assert "engine-ngram / engine" in table and "engine-draft / engine" in table

@@ -36,7 +36,8 @@ SUPPORTED = (
     "-a", "--alias", "--tags", "--metrics", "--slots", "--no-slots", "--cors-origins", "--cors-methods",
     "--cors-headers", "--cors-credentials", "--no-cors-credentials", "-rea", "--reasoning",
     "--chat-template-kwargs", "--chat-template", "--chat-template-file", "-v", "--verbose", "--log-verbose",
-    "-lv", "--verbosity", "--log-verbosity", "--spec-type", "--spec-draft-n-max",
+    "-lv", "--verbosity", "--log-verbosity", "--spec-type", "--spec-draft-n-max", "--spec-draft-model",
+    "-md", "--model-draft", "--spec-draft-p-min", "--draft-p-min",
     "-h", "--help", "--usage", "--version",
 )  # fmt: skip
 ACCEPTED = (
@@ -603,5 +604,11 @@ def test_speculative_decoding_flags(capsys: CapSys) -> None:
     assert got["spec_type"] == "ngram" and got["draft_max"] == 8
     assert "spec_type" not in options("--spec-type", "none")
     assert "spec_type" not in options()
-    for bad in (["--spec-type", "draft-simple"], ["--spec-type", "ngram-mod"], ["--spec-draft-n-max", "0"]):
+    for bad in (["--spec-type", "ngram-mod"], ["--spec-draft-n-max", "0"], ["--spec-draft-p-min", "1.5"]):
         assert "error:" in refusal(capsys, "-c", "64", *bad)
+    # A draft model: -md alone drafts with it; --spec-type draft-simple says so too.
+    for argv in (["-md", "small.gguf"], ["--spec-type", "draft-simple", "--model-draft", "small.gguf"]):
+        got = options(*argv, "--spec-draft-p-min", "0.5")
+        assert (got["spec_type"], got["draft_model_path"], got["draft_p_min"]) == ("draft", "small.gguf", 0.5)
+    with pytest.raises(ConfigError, match="needs draft_model_path"):
+        plan("-c", "64", "--spec-type", "draft-simple").start_engine()

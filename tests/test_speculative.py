@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import queue
 import random
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -31,9 +32,11 @@ from actors import (
     StrategyError,
     Stream,
     Token,
+    default_model_path,
 )
 from actors.backend._faults import faults
 from actors.engine._batch import check_plan
+from actors.engine._draft_model import ModelDrafter
 from actors.engine._speculative import Acceptance, CostModel, DraftWant, NgramDrafter
 from strategies import BatchPlan, DecodeCost, DecodeMaximal, SlotPlan, SlotState, SlotView, add_drafts
 
@@ -45,6 +48,7 @@ PASSAGE = (
     "weather in his book: wind from the west, waves high, one ship far out on the water. "
 )
 LONGEST = 100  # the references' length, cut for each test
+DRAFT = default_model_path()  # the draft model of the draft-model tests: the model itself
 GROUNDED = [
     "Original text:\n" + PASSAGE + "\n\nThe same text, copied exactly:\n" + PASSAGE[:40],
     "The cat sat on the mat. " * 6,
@@ -213,11 +217,26 @@ def test_greedy_output_with_drafts_equals_without_alone(start_server: StartServe
     assert stats["draft_accepted"] == accepted and 0 < stats["draft_acceptance_rate"] <= 1
 
 
+class AllDrafts(DecodeMaximal):
+    """Verifies every draft token there is, within the budget: the mechanics at any
+    batch size (on a CPU the default rule verifies few drafts beside 5 other decoding
+    slots, and when depends on timing)."""
+
+    def plan_drafts(self, slots: Any, plan: BatchPlan, budget: int, cost: DecodeCost) -> BatchPlan:
+        views = {view.seq_id: view for view in slots}
+        entries = []
+        for e in plan.slots:
+            k = min(views[e.seq_id].draft_tokens, budget) if e.decode else 0
+            budget -= k
+            entries.append(SlotPlan(e.seq_id, e.decode, e.prefill_tokens, k))
+        return BatchPlan(tuple(entries))
+
+
 def test_greedy_output_with_drafts_equals_without_in_8_slots(start_server: StartServer) -> None:
     prompts = GROUNDED + [p + f" ({i})" for i, p in enumerate(GROUNDED)]
     refs = references(start_server, GROUNDED, 40) + greedy_references(start_server, prompts[4:], 40)
     recorder = Recorder()
-    spec = start_server(n_parallel=8, spec_type="ngram")
+    spec = start_server(n_parallel=8, spec_type="ngram", batch_strategy=AllDrafts())
     futures = [spec.ask(Generate(p, max_tokens=40, temp=0, logit_bias=NO_EOG)) for p in prompts]
     for future, reference in zip(futures, refs, strict=True):
         got = future.get(timeout=240)
@@ -334,7 +353,12 @@ def test_speculate_false_and_options_are_checked(start_server: StartServer) -> N
     with pytest.raises(InvalidRequest, match="speculate"):
         Generate("x", speculate="yes")  # type: ignore[arg-type]
     for bad in ({"spec_type": "medusa"}, {"spec_type": "ngram", "draft_max": 0}, {"draft_max": 1000},
-                {"spec_type": "ngram", "draft_max": True}, {"draft_model_path": "/x.gguf"}):  # fmt: skip
+                {"spec_type": "ngram", "draft_max": True}, {"draft_model_path": "/x.gguf"},
+                {"spec_type": "draft"}, {"spec_type": "ngram", "draft_model_path": DRAFT},
+                {"spec_type": "draft", "draft_model_path": 3},
+                {"spec_type": "draft", "draft_model_path": DRAFT, "draft_p_min": 1.5},
+                {"spec_type": "draft", "draft_model_path": DRAFT, "draft_p_min": math.nan},
+                {"spec_type": "draft", "draft_model_path": DRAFT, "draft_p_min": "0.5"}):  # fmt: skip
         with pytest.raises(ConfigError):
             start_server(**bad)
 
@@ -397,3 +421,103 @@ def test_sampled_tokens_keep_their_distribution_with_drafts(start_server: StartS
     b = [sum(seq[k] == t for seq in spec for k in range(2, 5)) for t in ids]
     chi2 = sum((x - y) ** 2 / (x + y) for x, y in zip(a, b, strict=True) if x + y)
     assert chi2 < 16.3, (a, b)  # p = 0.001 with 3 degrees of freedom
+
+
+# -- a draft model ---------------------------------------------------------------------
+
+
+def draft_engine(start_server: StartServer, **options: Any) -> pykka.ActorRef[Any]:
+    """The default model drafting for itself: under greedy decoding every draft token
+    is the model's own choice, so a test of the mechanics (it is slower than none)."""
+    return start_server(spec_type="draft", draft_model_path=DRAFT, **options)
+
+
+def drafter_of(ref: pykka.ActorRef[Any]) -> ModelDrafter:
+    drafter = ref.proxy().actor_engine.get().drafter
+    assert isinstance(drafter, ModelDrafter)
+    return drafter
+
+
+def test_a_draft_model_drafting_for_itself_is_accepted_and_changes_nothing(start_server: StartServer) -> None:
+    stories = [f"Write a short story about {topic}." for topic in ("a fox", "the sea")]
+    refs = references(start_server, GROUNDED, 40) + greedy_references(start_server, stories, 40)
+    ref = draft_engine(start_server, n_parallel=6, batch_strategy=AllDrafts())
+    futures = [ref.ask(Generate(p, max_tokens=40, temp=0, logit_bias=NO_EOG)) for p in GROUNDED + stories]
+    done = [f.get(timeout=240) for f in futures]
+    for got, reference in zip(done, refs, strict=True):
+        assert got.generated_tokens == 40
+        same_greedy(reference, got.token_ids)
+    # Open-ended text too: the drafts are the model's own greedy choices.
+    assert all(got.draft_accepted > 0 for got in done)
+    stats = ref.ask(GetStats())
+    assert stats["draft_tokens"] > 40 and stats["draft_acceptance_rate"] > 0.9
+    no_stray_cells(ref)
+    # One forward pass of the draft model per draft token a tick makes, batched across
+    # slots: far fewer passes than draft tokens.
+    assert drafter_of(ref).n_passes < stats["draft_tokens"]
+
+
+def test_a_draft_model_follows_shifts_preemptions_and_cancels(start_server: StartServer) -> None:
+    recorder = Recorder()
+    # A context shift: past its slot's positions a request stops drafting, output unchanged.
+    prompt = GROUNDED[1]
+    shift_ref = greedy_references(start_server, [prompt], 100, n_ctx_per_slot=80)[0]
+    ref = draft_engine(start_server, n_parallel=1, n_ctx_per_slot=80)
+    got = ref.ask(Generate(prompt, max_tokens=100, temp=0, logit_bias=NO_EOG)).get(timeout=240)
+    same_greedy(shift_ref, got.token_ids)
+    assert any(md["event"] == "context_shift" for _, md in recorder.of("kv_pressure"))
+    assert got.draft_accepted > 0
+    no_stray_cells(ref)
+    ref.stop()
+    # Preemption: requests move between slots; the draft model's sequences follow.
+    refs = references(start_server, GROUNDED, 100)
+    crowded = draft_engine(start_server, n_parallel=4, n_ctx=256, n_ctx_per_slot=192)
+    futures = [crowded.ask(Generate(p, max_tokens=100, temp=0, logit_bias=NO_EOG)) for p in GROUNDED]
+    for future, reference in zip(futures, refs, strict=True):
+        same_greedy(reference, future.get(timeout=240).token_ids)
+    assert any(md["event"] == "preempt" for _, md in recorder.of("kv_pressure"))
+    no_stray_cells(crowded)
+    # A cancel in the middle of drafting, then the slot's next request drafts afresh.
+    events: queue.Queue[Any] = queue.Queue()
+    message = Stream(GROUNDED[2], reply_to=events, max_tokens=200, temp=0, logit_bias=NO_EOG)
+    crowded.tell(message)
+    for _ in range(20):
+        assert isinstance(events.get(timeout=120), Token)
+    crowded.tell(Cancel(message.request_id))
+    while not isinstance(events.get(timeout=120), Done | Failed):
+        pass
+    again = crowded.ask(Generate(GROUNDED[3], max_tokens=60, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    same_greedy(references(start_server, [GROUNDED[3]], 60)[0], again.token_ids)
+    assert again.draft_accepted > 0
+    no_stray_cells(crowded)
+
+
+def test_draft_p_min_stops_unsure_drafts(start_server: StartServer) -> None:
+    prompt = "Write a short story about a dragon."
+    drafted = {}
+    for p_min in (0.0, 0.99):
+        ref = draft_engine(start_server, n_parallel=1, draft_p_min=p_min)
+        drafted[p_min] = ref.ask(Generate(prompt, max_tokens=48, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+        ref.stop()
+    assert drafted[0.99].draft_tokens < drafted[0.0].draft_tokens
+    reference = greedy_references(start_server, [prompt], 48)[0]
+    for got in drafted.values():
+        same_greedy(reference, got.token_ids)
+
+
+def test_a_draft_model_must_share_the_vocabulary(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=1)
+    ref.ask(GetStats())  # loaded
+    backend = ref.backend  # type: ignore[attr-defined]
+    assert backend.vocabulary_differs(backend) is None
+
+    def like(**changes: Any) -> Any:
+        fields = {"n_vocab": backend.n_vocab, "_add_bos": backend._add_bos, "_bos": backend._bos,
+                  "eog_ids": backend.eog_ids, "_pieces": list(backend._pieces)}  # fmt: skip
+        return types.SimpleNamespace(**{**fields, **changes})
+
+    pieces = list(backend._pieces)
+    pieces[1234] = b"something else"
+    assert "token 1234" in backend.vocabulary_differs(like(_pieces=pieces))
+    assert "tokens against" in backend.vocabulary_differs(like(n_vocab=backend.n_vocab + 1))
+    assert "end-of-generation" in backend.vocabulary_differs(like(eog_ids=frozenset({7})))

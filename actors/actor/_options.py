@@ -128,7 +128,7 @@ def _flag(name: str, value: object) -> bool:
     return value
 
 
-def _model_path(value: object) -> str | None:
+def _model_path(value: object, name: str = "model_path") -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -137,15 +137,15 @@ def _model_path(value: object) -> str | None:
         try:
             path = os.fspath(value)
         except Exception as e:  # a caller's __fspath__
-            raise ConfigError(f"model_path could not be read as a path: {e!r}") from None
+            raise ConfigError(f"{name} could not be read as a path: {e!r}") from None
         if not isinstance(path, str):
-            raise ConfigError(f"model_path must be a str path, got {type(path).__name__}")
+            raise ConfigError(f"{name} must be a str path, got {type(path).__name__}")
     else:
-        raise ConfigError(f"model_path must be a str or os.PathLike (or None), got {_show(value)}")
-    return _checked_path(path)
+        raise ConfigError(f"{name} must be a str or os.PathLike (or None), got {_show(value)}")
+    return _checked_path(path, name)
 
 
-def _checked_path(path: str) -> str:
+def _checked_path(path: str, name: str = "model_path") -> str:
     """``path`` if llama.cpp can be given it: UTF-8 (any thread).
 
     A file name that is not UTF-8 comes from ``os.listdir`` with lone surrogates in it,
@@ -154,7 +154,7 @@ def _checked_path(path: str) -> str:
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
-        raise ConfigError(f"model_path {_show(path)} is not valid UTF-8") from None
+        raise ConfigError(f"{name} {_show(path)} is not valid UTF-8") from None
     return path
 
 
@@ -247,15 +247,26 @@ MAX_DRAFT = 256
 """``draft_max`` at most: draft tokens one slot may have verified in one tick."""
 
 
-def _speculation(spec_type: object, draft_max: object, draft_model_path: object) -> tuple[str | None, int]:
+def _speculation(
+    spec_type: object, draft_max: object, draft_model_path: object, draft_p_min: object
+) -> tuple[str | None, int, str | None, float]:
     if spec_type is not None and spec_type not in ("ngram", "draft"):
         raise ConfigError(f"spec_type must be None (off), 'ngram' or 'draft', got {_show(spec_type)}")
     draft_max = _int("draft_max", draft_max, 1, MAX_DRAFT)
-    if spec_type == "draft":
-        raise ConfigError("spec_type='draft' (a draft model) is not available yet; use spec_type='ngram'")
-    if draft_model_path is not None:
+    path = _model_path(draft_model_path, "draft_model_path")
+    if spec_type == "draft" and path is None:
+        raise ConfigError(
+            "spec_type='draft' needs draft_model_path: a smaller model with the same vocabulary"
+        )
+    if spec_type != "draft" and path is not None:
         raise ConfigError("draft_model_path is for spec_type='draft'")
-    return spec_type, draft_max
+    if (
+        not isinstance(draft_p_min, int | float)
+        or isinstance(draft_p_min, bool)
+        or not 0.0 <= draft_p_min <= 1.0  # False for NaN
+    ):
+        raise ConfigError(f"draft_p_min must be a number within [0, 1], got {_show(draft_p_min)}")
+    return spec_type, draft_max, path, float(draft_p_min)
 
 
 def _sampling(values: dict[str, object]) -> SamplingParams:
@@ -305,6 +316,8 @@ class StartOptions:
     chat_template_kwargs: Mapping[str, Any]
     spec_type: str | None = None
     draft_max: int = 16
+    draft_model_path: str | None = None
+    draft_p_min: float = 0.0
 
     def backend_options(self, model_path: str) -> BackendOptions:
         """What the backend loads, for the resolved ``model_path`` (caller's thread)."""
@@ -339,6 +352,7 @@ class StartOptions:
             name=self.name,
             spec_type=self.spec_type,
             draft_max=self.draft_max,
+            draft_p_min=self.draft_p_min,
         )
 
 
@@ -381,6 +395,7 @@ def check_options(
     spec_type: object = None,
     draft_max: object = 16,
     draft_model_path: object = None,
+    draft_p_min: object = 0.0,
 ) -> StartOptions:
     """Check ``ServerActor``'s start options, each and in combination (caller's thread).
 
@@ -449,7 +464,9 @@ def check_options(
         "penalty_freq": penalty_freq, "penalty_present": penalty_present, "grammar": grammar,
     }  # fmt: skip
     ram_mb = _megabytes(prompt_cache_ram_mb)
-    spec_type, draft_max = _speculation(spec_type, draft_max, draft_model_path)
+    spec_type, draft_max, draft_path, p_min = _speculation(
+        spec_type, draft_max, draft_model_path, draft_p_min
+    )
     return StartOptions(
         model_path=_model_path(model_path),
         n_ctx=n_ctx,
@@ -479,4 +496,6 @@ def check_options(
         chat_template_kwargs=_chat_template_kwargs(chat_template_kwargs),
         spec_type=spec_type,
         draft_max=draft_max,
+        draft_model_path=draft_path,
+        draft_p_min=p_min,
     )

@@ -134,6 +134,7 @@ class ServerActor(pykka.ThreadingActor):
         spec_type: Literal["ngram", "draft"] | None = None,
         draft_max: int = 16,
         draft_model_path: str | os.PathLike[str] | None = None,
+        draft_p_min: float = 0.0,
     ) -> None:
         super().__init__()
         # pykka made a plain ActorRef; ours prepares requests in the sender's thread.
@@ -153,9 +154,20 @@ class ServerActor(pykka.ThreadingActor):
             n_ctx_per_slot=n_ctx_per_slot, context_shift=context_shift,
             prompt_cache_ram_mb=prompt_cache_ram_mb, name=name, chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs, spec_type=spec_type, draft_max=draft_max,
-            draft_model_path=draft_model_path,
+            draft_model_path=draft_model_path, draft_p_min=draft_p_min,
         )  # fmt: skip
         self.actor_options = options.backend_options(resolve_model_path(options.model_path))
+        # The draft model (spec_type="draft"): the target's context options, its own file.
+        self.actor_draft_options = (
+            None
+            if options.draft_model_path is None
+            else dataclasses.replace(
+                self.actor_options,
+                model_path=resolve_model_path(options.draft_model_path),
+                type_k=None,
+                type_v=None,
+            )
+        )
         self.actor_config = options.engine_config()
         self.actor_chat_template = options.chat_template
         self.actor_chat_template_kwargs = options.chat_template_kwargs
@@ -208,7 +220,14 @@ class ServerActor(pykka.ThreadingActor):
             raise
         if self.actor_options.n_batch > backend.n_batch:  # llama.cpp clamps; keep it honest
             _log.warning("n_batch clamped by llama.cpp to %d", backend.n_batch)
-        self.actor_engine = Engine(backend, self.actor_config, self.actor_ref)
+        try:
+            draft = self._load_draft(backend)
+        except Exception as e:
+            backend.close()
+            _crashes[self.actor_urn] = f"loading the draft model failed: {e!r}"
+            self._fail_inbox(EngineStopped(f"{self._who} could not load its draft model: {e!r}"))
+            raise
+        self.actor_engine = Engine(backend, self.actor_config, self.actor_ref, draft)
         self.actor_ref.n_ctx_slot = self.actor_engine.n_ctx_slot
         self.actor_ref.backend = backend
         _live_servers.add(self)
@@ -220,6 +239,21 @@ class ServerActor(pykka.ThreadingActor):
                 {"progress": 1.0, "load_ms": load_ms},
                 labels,
             )
+
+    def _load_draft(self, target: LlamaBackend) -> LlamaBackend | None:
+        """The draft model's backend, its vocabulary checked against the target's
+        (actor thread); None without ``spec_type="draft"``."""
+        if self.actor_draft_options is None:
+            return None
+        draft = LlamaBackend(self.actor_draft_options)
+        differs = target.vocabulary_differs(draft)
+        if differs is not None:
+            draft.close()
+            raise ConfigError(
+                f"the draft model {self.actor_draft_options.model_path!r} does not share the "
+                f"model's vocabulary: {differs}"
+            )
+        return draft
 
     def on_stop(self) -> None:
         """Fail what is pending, free the model (actor thread)."""
@@ -253,6 +287,8 @@ class ServerActor(pykka.ThreadingActor):
                 settle(drain[0], unfinished)
         finally:
             engine.backend.close()
+            if engine.drafter is not None:
+                engine.drafter.close()
 
     def _fail_inbox(self, error: EngineError) -> None:
         # pykka answers asks left in the inbox with ActorDeadError but drops tells:

@@ -525,6 +525,30 @@ class LlamaBackend:
         sampler.accept(token)
         return token
 
+    def top_token(self, index: int) -> tuple[int, float]:
+        """Batch row ``index``'s most likely token and its probability (the softmax of
+        the raw logits): a draft model's greedy pick and its confidence."""
+        logits = self._logits(index)
+        token = int(np.argmax(logits))
+        top = logits[token]
+        if not np.isfinite(top):
+            return token, 0.0
+        return token, float(1.0 / np.exp(logits - top, dtype=np.float32).sum(dtype=np.float64))
+
+    def vocabulary_differs(self, other: LlamaBackend) -> str | None:
+        """Why ``other``'s tokens do not mean this model's (a draft model must share the
+        vocabulary), or None when every token's text and the special tokens agree."""
+        if other.n_vocab != self.n_vocab:
+            return f"{other.n_vocab} tokens against {self.n_vocab}"
+        if other._add_bos != self._add_bos or (self._add_bos and other._bos != self._bos):
+            return "a different beginning-of-sequence token"
+        if other.eog_ids != self.eog_ids:
+            return "different end-of-generation tokens"
+        differ = next((t for t in range(self.n_vocab) if other._pieces[t] != self._pieces[t]), None)
+        if differ is not None:
+            return f"token {differ} is {other._pieces[differ]!r} against {self._pieces[differ]!r}"
+        return None
+
     def logprobs(self, index: int, k: int) -> tuple[npt.NDArray[np.float64], list[tuple[int, float]]]:
         """Log-softmax of row ``index``'s raw logits, and its ``k`` largest entries.
 

@@ -10,6 +10,7 @@ and finishes, emit ``tick``. Each phase lives in the module of its idea (see
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -77,16 +78,20 @@ class Engine(Admission):
             self._emit_tick(segments)
 
     def _propose(self, busy: dict[int, Slot]) -> None:
-        """Ask the drafter for each generating slot's draft (``Slot.draft``).
+        """Ask the drafter for each generating slot's draft (``Slot.draft``). A costly
+        drafter (a draft model) is asked for one token here, and for the rest of what
+        the plan verifies after it (``_extend_drafts``); ``Slot.draft_room`` says how
+        many it could make.
 
         A draft never reaches the context's end (a shift or a "length" end inside a
         verified run would meet draft cells not yet dropped) nor past ``max_tokens``:
         a run of ``k`` drafts emits up to ``k + 1`` tokens.
         """
         assert self.drafter is not None
+        costly = self.drafter.costly
         wants, slots = [], []
         for slot in busy.values():
-            slot.draft = []
+            slot.draft, slot.draft_room, slot.want = [], 0, None
             request = slot.request
             if slot.state is not SlotState.GENERATING or request is None or request.acceptance is None:
                 continue
@@ -100,11 +105,39 @@ class Engine(Admission):
             left = request.message.max_tokens - len(request.token_ids) - 1
             limit = min(self.config.draft_max, room, left)
             if limit > 0:
-                wants.append(DraftWant(slot.seq_id, request, request.prompt, request.token_ids, limit))
+                want = DraftWant(slot.seq_id, request, request.prompt, request.token_ids, limit)
+                wants.append(dataclasses.replace(want, limit=1) if costly else want)
                 slots.append(slot)
+                slot.want = want
         if wants:
             for slot, draft in zip(slots, self.drafter.propose(wants), strict=True):
                 slot.draft, slot.draft_kind = draft.tokens, draft.kind
+                if costly and draft.tokens and slot.want is not None:
+                    slot.draft_room = slot.want.limit
+
+    def _extend_drafts(self, plan: BatchPlan, busy: dict[int, Slot]) -> BatchPlan:
+        """A costly drafter's drafts made as long as ``plan`` verifies; the plan cut to
+        the tokens it made (a draft stops early at an unsure token or an end of
+        generation)."""
+        assert self.drafter is not None
+        wants, slots = [], []
+        for entry in plan.slots:
+            slot = busy[entry.seq_id]
+            if entry.draft_tokens > len(slot.draft) and slot.want is not None:
+                wants.append(dataclasses.replace(slot.want, limit=entry.draft_tokens))
+                slots.append(slot)
+        if not wants:
+            return plan
+        for slot, draft in zip(slots, self.drafter.propose(wants), strict=True):
+            slot.draft = draft.tokens
+        return BatchPlan(
+            tuple(
+                dataclasses.replace(e, draft_tokens=len(busy[e.seq_id].draft))
+                if e.draft_tokens > len(busy[e.seq_id].draft)
+                else e
+                for e in plan.slots
+            )
+        )
 
     def _plan(self, busy: dict[int, Slot]) -> BatchPlan | None:
         views = {seq_id: slot.view() for seq_id, slot in busy.items()}
@@ -150,6 +183,8 @@ class Engine(Admission):
                     f"plan_drafts added {result.num_draft_tokens - base.num_draft_tokens} draft tokens, "
                     f"over its budget of {budget}"
                 )
+        if self.drafter is not None and self.drafter.costly:
+            result = self._extend_drafts(result, busy)
         planned = {entry.seq_id: entry.draft_tokens for entry in result.slots}
         for seq_id, slot in busy.items():  # a draft the plan passed over: checked next tick
             request = slot.request

@@ -20,7 +20,7 @@ import pykka
 from actors.contract._messages import ReplyTo, RequestMessage, SamplingParams
 from actors.contract._results import TokenLogprob
 from actors.engine._output import TextStream
-from actors.engine._speculative import Acceptances
+from actors.engine._speculative import Acceptances, DraftWant
 from strategies import SlotState, SlotView
 
 __all__ = ["Choices", "Request", "Slot", "common_prefix_len"]
@@ -134,6 +134,10 @@ class Slot:
     draft: list[int] = field(default_factory=list)
     draft_kind: int = 0
     shadow: tuple[int, int, int] | None = None
+    # This tick's call for a draft, and a costly drafter's (a draft model's) room: the
+    # tokens it could make if the plan verified them (it made only the first so far).
+    want: DraftWant | None = None
+    draft_room: int = 0
 
     def view(self) -> SlotView:
         """The read-only view a strategy sees (busy slots only)."""
@@ -149,7 +153,7 @@ class Slot:
             else 0,
             generated_tokens=len(request.token_ids),
             arrival=request.arrival,
-            draft_tokens=len(self.draft),
+            draft_tokens=max(len(self.draft), self.draft_room),
             draft_acceptance=acceptance,
         )
 
@@ -160,6 +164,7 @@ class Slot:
         self.pending = -1
         self.draft = []
         self.shadow = None
+        self.draft_room, self.want = 0, None
         self.t_last_used = time.monotonic()
         return request
 

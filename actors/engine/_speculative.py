@@ -51,7 +51,15 @@ _NONE = Draft([])
 
 
 class Drafter(abc.ABC):
-    """Proposes draft tokens for slots (engine thread)."""
+    """Proposes draft tokens for slots (engine thread).
+
+    A ``costly`` drafter (one that runs a model) is asked for one token before the plan
+    and, for the slots the plan verifies more of, again after it: a second call in the
+    same tick extends the drafts of the first. A free one (the n-gram drafter) is asked
+    once, before the plan, for all it has.
+    """
+
+    costly: bool = False
 
     @abc.abstractmethod
     def propose(self, wants: Sequence[DraftWant]) -> list[Draft]:

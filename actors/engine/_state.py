@@ -14,9 +14,10 @@ import telemetry
 from actors.backend._llama import LlamaBackend
 from actors.contract._messages import SamplingParams
 from actors.engine._batch import BatchArrays
+from actors.engine._draft_model import ModelDrafter
 from actors.engine._memory import KVMemory
 from actors.engine._slots import Choices, Request, Slot
-from actors.engine._speculative import CostModel, NgramDrafter
+from actors.engine._speculative import CostModel, Drafter, NgramDrafter
 from strategies import BatchStrategy, SlotState
 
 __all__ = ["EngineConfig", "EngineState"]
@@ -27,7 +28,8 @@ class EngineConfig:
 
     __slots__ = (
         "batch_strategy", "cache_prompt", "chunk_size", "context_shift", "defaults", "draft_max",
-        "max_queue", "n_ctx_per_slot", "name", "prefix_sharing", "ram_budget_bytes", "spec_type",
+        "draft_p_min", "max_queue", "n_ctx_per_slot", "name", "prefix_sharing", "ram_budget_bytes",
+        "spec_type",
     )  # fmt: skip
 
     def __init__(
@@ -45,10 +47,12 @@ class EngineConfig:
         prefix_sharing: bool = True,
         spec_type: str | None = None,
         draft_max: int = 16,
+        draft_p_min: float = 0.0,
     ) -> None:
         self.name = name
         self.spec_type = spec_type
         self.draft_max = draft_max
+        self.draft_p_min = draft_p_min
         self.prefix_sharing = prefix_sharing
         self.chunk_size = chunk_size
         self.max_queue = max_queue
@@ -67,9 +71,17 @@ class EngineState:
         backend: the loaded model and context.
         config: scheduling options.
         sender: what telemetry names as the sender (the actor's ref).
+        draft_backend: the draft model's context, for ``spec_type="draft"``; the
+            engine owns it from here (its drafter closes it).
     """
 
-    def __init__(self, backend: LlamaBackend, config: EngineConfig, sender: Any) -> None:
+    def __init__(
+        self,
+        backend: LlamaBackend,
+        config: EngineConfig,
+        sender: Any,
+        draft_backend: LlamaBackend | None = None,
+    ) -> None:
         self.backend = backend
         self.config = config
         self.sender = sender
@@ -94,7 +106,12 @@ class EngineState:
         )
         # Speculative decoding: the drafter, the measured cost of a forward pass, and
         # draft tokens verified and accepted in all (GetStats).
-        self.drafter: NgramDrafter | None = NgramDrafter() if config.spec_type == "ngram" else None
+        self.drafter: Drafter | None = None
+        if config.spec_type == "ngram":
+            self.drafter = NgramDrafter()
+        elif config.spec_type == "draft":
+            assert draft_backend is not None
+            self.drafter = ModelDrafter(draft_backend, self.n_ctx_slot, config.draft_p_min)
         self.cost = CostModel()
         self.draft_tokens = 0
         self.draft_accepted = 0

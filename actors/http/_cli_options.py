@@ -276,13 +276,18 @@ _OPTIONS = (
     _Option("--backend-sampling", "backend_sampling", "sample on the compute backend (experimental, "
             "default: disabled). Ours samples with llama.cpp's CPU samplers, whose results backend "
             "sampling promises to give too: accepted, it changes nothing"),
-    _Option("--spec-type", "spec_type", "speculative decoding: none or ngram-simple (drafts from the "
-            "slot's own prompt and output, ServerActor's spec_type='ngram'); llama-server's other "
-            "types are refused (default: none)", _choice({"none": "none", "ngram-simple": "ngram"}),
-            "TYPE"),
+    _Option("--spec-type", "spec_type", "speculative decoding: none, ngram-simple (drafts from the "
+            "slot's own prompt and output, ServerActor's spec_type='ngram') or draft-simple (a draft "
+            "model, -md; spec_type='draft'); llama-server's other types are refused (default: none; "
+            "draft-simple when -md is given)",
+            _choice({"none": "none", "ngram-simple": "ngram", "draft-simple": "draft"}), "TYPE"),
     _Option("--spec-draft-n-max", "spec_draft_n_max", "draft tokens per slot per tick at most, "
             "ServerActor's draft_max; how many pay is decided per tick (llama-server's default: 3; "
             "ours: 16)", _integer(1, 256)),
+    _Option("--spec-draft-model", "spec_draft_model", "the draft model for draft-simple: a smaller "
+            "GGUF with the model's vocabulary, draft_model_path (default: unused)", str, "FNAME"),
+    _Option("--spec-draft-p-min", "spec_draft_p_min", "a draft model's draft stops at a token it is "
+            "less sure of than P, draft_p_min (default: 0.00)", _number(0, 1), "P"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
     _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
             "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
@@ -314,7 +319,7 @@ _PASSED_IF_GIVEN = MappingProxyType(
     {"batch_size": "n_batch", "ubatch_size": "n_ubatch", "flash_attn": "flash_attn",
      "cache_type_k": "type_k", "cache_type_v": "type_v", "n_gpu_layers": "n_gpu_layers",
      "cache_prompt": "cache_prompt", "max_queue": "max_queue", "chunk_size": "chunk_size",
-     "spec_draft_n_max": "draft_max"}
+     "spec_draft_n_max": "draft_max", "spec_draft_p_min": "draft_p_min"}
 )  # fmt: skip
 
 
