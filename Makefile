@@ -57,11 +57,13 @@ bench: install
 bench-http: install
 	$(PY) bench/http.py
 
-# Speculative decoding against no drafts and llama-server's ngram-simple (bench/speculative.py):
-# bench/results/speculative.md.
+# Speculative decoding against no drafts and llama-server's (bench/speculative.py), and what n-gram
+# drafts could gain on this machine (bench/speculative_bound.py):
+# bench/results/speculative.md and speculative_bound.md.
 bench-speculative: install
 	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
 	$(PY) bench/speculative.py
+	$(PY) bench/speculative_bound.py
 
 # The bench scripts' smoke tests, which make test leaves out (the suite's time budget).
 bench-smoke: install

@@ -65,6 +65,7 @@ class Ours(System):
     """``llama-cpp-actors serve`` with the flags bench/_systems' LlamaServer passes."""
 
     name = "ours"
+    extra: tuple[str, ...] = ()  # --ours-flags
 
     def start(self, concurrency: int) -> None:
         self.port = _free_port()
@@ -72,7 +73,7 @@ class Ours(System):
         command = [
             serve, "serve", "-m", self.model_path, "--host", "127.0.0.1", "--port", str(self.port),
             "-c", str(self.n_ctx), "-np", str(concurrency), "-b", str(min(self.n_ctx, 2048)),
-            "-ub", "512", "-kvu", "-t", str(self.n_threads), "-tb", str(self.n_threads),
+            "-ub", "512", "-kvu", "-t", str(self.n_threads), "-tb", str(self.n_threads), *self.extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_http(self.port, "/health", self.proc)
@@ -436,9 +437,11 @@ def main() -> None:
     parser.add_argument("--cost-concurrency", type=int, default=8, help="0: skip the HTTP-cost comparison")
     parser.add_argument("--quick", action="store_true", help="one round, c=1 and 4, few short requests")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where http.md goes")
+    parser.add_argument("--ours-flags", default="", help="more flags for ours, e.g. '--loop-nice 0' (an A/B)")
     parser.add_argument("--child-engine", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tag", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    Ours.extra = tuple(args.ours_flags.split())
     if args.quick:
         args.levels, args.rounds, args.requests, args.max_tokens, args.cost_concurrency = [1, 4], 1, 4, 8, 4
     args.n_parallel = args.n_parallel or max(args.levels)

@@ -150,3 +150,11 @@ def test_speculative(tmp_path: Path) -> None:
     ):
         assert row in table
     assert "engine-ngram / engine" in table and "engine-draft / engine" in table
+
+
+@pytest.mark.bench_smoke
+def test_speculative_bound(tmp_path: Path) -> None:
+    run("speculative_bound.py", tmp_path, "--requests", "1", "--max-tokens", "24")
+    table = (tmp_path / "speculative_bound.md").read_text()
+    for row in ("| grounded | oracle |", "| grounded | rule |", "| open | fixed 4 |"):
+        assert row in table

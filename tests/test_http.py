@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -946,3 +948,30 @@ def test_timings_carry_llama_servers_draft_counts_only_when_drafts_were_verified
     drafted = Completion("r", "text", (1, 2, 3), "eog", 5, 3, 0, 10.0, 30.0, draft_tokens=4, draft_accepted=2)
     got = timings(drafted)
     assert got["draft_n"] == 4 and got["draft_n_accepted"] == 2
+
+
+def _nice_values(pid: int) -> dict[int, int]:
+    """Each thread's nice value (field 19 of /proc/<pid>/task/<tid>/stat)."""
+    values = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            stat = f.read()
+        values[int(task)] = int(stat[stat.rindex(")") + 2 :].split()[16])
+    return values
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+@pytest.mark.timeout(180)
+def test_the_event_loop_yields_to_llama_cpps_threads() -> None:
+    for flags, loop_nice in (((), 10), (("--loop-nice", "3"), 3), (("--loop-nice", "0"), 0)):
+        child, url = _serve(*flags)
+        try:
+            _ready(url, child)
+            body = {"prompt": "Go on", "n_predict": 4}
+            assert httpx.post(url + "/completion", json=body, timeout=60).status_code == 200
+            nice = _nice_values(child.pid)
+            assert nice[child.pid] == loop_nice  # the main thread runs the event loop
+            assert 0 in [n for tid, n in nice.items() if tid != child.pid]  # the engine's threads
+        finally:
+            child.terminate()
+            child.wait(timeout=60)

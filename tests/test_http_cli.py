@@ -46,7 +46,9 @@ ACCEPTED = (
 )  # fmt: skip
 # Refused with their own message: --no-cont-batching (always on).
 SPECIAL = ("-nocb", "--no-cont-batching")
-OURS = ("--strategy", "--replicas", "--backend", "--max-queue", "--chunk-size", "--drain-timeout")
+OURS = (
+    "--strategy", "--replicas", "--backend", "--max-queue", "--chunk-size", "--drain-timeout", "--loop-nice"
+)  # fmt: skip
 UNSUPPORTED = tuple(
     name
     for flag in LLAMA_SERVER_FLAGS

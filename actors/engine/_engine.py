@@ -26,6 +26,9 @@ from strategies import BatchPlan, BatchStrategy, SlotState, SlotView
 
 __all__ = ["Engine", "EngineConfig"]
 
+# A costly drafter idle (its drafts left unverified) drafts only one tick in this many.
+PROBE_EVERY = 8
+
 _log = logging.getLogger("llama_cpp_actors.engine")
 
 
@@ -89,6 +92,10 @@ class Engine(Admission):
         """
         assert self.drafter is not None
         costly = self.drafter.costly
+        # A costly drafter whose drafts the plans left unverified drafts only every
+        # PROBE_EVERY ticks (its first tokens are checked for free, as shadows), so a
+        # busy engine does not pay a draft pass a tick for nothing.
+        probe = not costly or self.draft_idle == 0 or self.n_ticks % PROBE_EVERY == 0
         wants, slots = [], []
         for slot in busy.values():
             slot.draft, slot.draft_room, slot.want = [], 0, None
@@ -104,7 +111,7 @@ class Engine(Admission):
             room = self.n_ctx_slot - len(slot.cached) - 3
             left = request.message.max_tokens - len(request.token_ids) - 1
             limit = min(self.config.draft_max, room, left)
-            if limit > 0:
+            if limit > 0 and probe:
                 want = DraftWant(slot.seq_id, request, request.prompt, request.token_ids, limit)
                 wants.append(dataclasses.replace(want, limit=1) if costly else want)
                 slots.append(slot)
@@ -126,6 +133,7 @@ class Engine(Admission):
             if entry.draft_tokens > len(slot.draft) and slot.want is not None:
                 wants.append(dataclasses.replace(slot.want, limit=entry.draft_tokens))
                 slots.append(slot)
+        self.draft_idle = 0 if plan.num_draft_tokens else self.draft_idle + 1
         if not wants:
             return plan
         for slot, draft in zip(slots, self.drafter.propose(wants), strict=True):

@@ -113,6 +113,7 @@ class EngineState:
             assert draft_backend is not None
             self.drafter = ModelDrafter(draft_backend, self.n_ctx_slot, config.draft_p_min)
         self.cost = CostModel()
+        self.draft_idle = 0  # ticks since a costly drafter's drafts were last verified
         self.draft_tokens = 0
         self.draft_accepted = 0
         self._drafted_now = 0  # this tick's, for the tick signal

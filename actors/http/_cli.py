@@ -220,6 +220,7 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         cors_credentials=v["cors_credentials"] is not False,
         n_predict=-1 if v["n_predict"] is None else v["n_predict"],
         drain_timeout_s=30.0 if v["drain_timeout"] is None else v["drain_timeout"],
+        loop_nice=10 if v["loop_nice"] is None else v["loop_nice"],
         chat_template_kwargs=tuple(kwargs),
         verbose=bool(v["verbose"]),
     )

@@ -309,6 +309,9 @@ _OURS = (  # (spellings, dest, convert, metavar, help)
      "prompt tokens a slot prefills per tick at most (default: 512)"),
     (("--drain-timeout",), "drain_timeout", _number(0, 3600), "SECONDS",
      "on SIGTERM/SIGINT, how long in-flight requests may finish (default: 30)"),
+    (("--loop-nice",), "loop_nice", _integer(0, 19), "N",
+     "on Linux, the nice value of the event loop's thread once the model is loaded, so that it "
+     "never preempts llama.cpp's compute threads mid-pass; 0: unchanged (default: 10)"),
 )  # fmt: skip
 _SAMPLING = MappingProxyType(
     {"temp": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",

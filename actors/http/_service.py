@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,8 @@ class Service:
         call ``on_load_failed`` (the server then exits)."""
         await asyncio.to_thread(self.load)
         self.ready = self.load_error is None
+        if self.ready:
+            lower_priority(self.settings.loop_nice)
         if self.load_error is not None and self.on_load_failed is not None:
             self.on_load_failed()
 
@@ -145,3 +148,16 @@ class Service:
     def tokenize(self, text: str) -> list[int]:
         """Tokens of a piece of text, without BOS (for logit_bias keys)."""
         return self.need_tokenizer().tokenize(text, add_special=False, parse_special=False)
+
+
+def lower_priority(nice: int) -> None:
+    """This thread (and the threads it starts from now on) at ``nice``, if that is lower
+    priority than it has: Linux only, where a thread's nice value is its own (elsewhere
+    ``setpriority`` would change the whole process, llama.cpp's threads included)."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) < nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)  # 0: the calling thread, on Linux
+    except OSError as e:
+        _log.warning("could not lower the event loop's priority: %s", e)

@@ -48,6 +48,12 @@ class HttpSettings:
             pairs checked as a ``Chat``'s ``template_kwargs`` are and stored frozen
             (``--chat-template-kwargs``; ``--reasoning`` sets ``enable_thinking``).
         verbose: log every request.
+        loop_nice: on Linux, once the engine is up, the event loop's thread (and the
+            threads it starts later) run at this nice value, so the scheduler lets
+            llama.cpp's compute threads, which run at the process's own, finish a
+            forward pass before the loop writes tokens: on a machine whose cores the
+            forward pass takes (n_threads = cores) the loop otherwise preempts one of
+            them mid-pass, and the others wait for it. 0 leaves it alone.
     """
 
     model_ids: tuple[str, ...] = ()
@@ -65,6 +71,7 @@ class HttpSettings:
     drain_timeout_s: float = 30.0
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     verbose: bool = False
+    loop_nice: int = 10
 
     def __post_init__(self) -> None:
         for name in ("model_ids", "tags", "api_keys"):
@@ -86,6 +93,8 @@ class HttpSettings:
             )
         if type(self.max_connections) is not int or not 1 <= self.max_connections <= 1 << 20:
             raise ConfigError(f"max_connections must be within [1, 2**20], got {self.max_connections!r}")
+        if type(self.loop_nice) is not int or not 0 <= self.loop_nice <= 19:
+            raise ConfigError(f"loop_nice must be an int within [0, 19], got {self.loop_nice!r}")
         if not isinstance(self.drain_timeout_s, int | float) or not 0 <= self.drain_timeout_s <= 3600:
             raise ConfigError(
                 f"drain_timeout_s must be within [0, 3600] seconds, got {self.drain_timeout_s!r}"
