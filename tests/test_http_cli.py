@@ -605,6 +605,7 @@ def test_speculative_decoding_flags(capsys: CapSys) -> None:
     got = options("--spec-type", "ngram-simple", "--spec-draft-n-max", "8")
     assert got["spec_type"] == "ngram" and got["draft_max"] == 8
     assert "spec_type" not in options("--spec-type", "none")
+    assert "draft_model_path" not in options("--spec-type", "none", "-md", "small.gguf")  # none wins
     assert "spec_type" not in options()
     for bad in (["--spec-type", "ngram-mod"], ["--spec-draft-n-max", "0"], ["--spec-draft-p-min", "1.5"]):
         assert "error:" in refusal(capsys, "-c", "64", *bad)

@@ -521,3 +521,20 @@ def test_a_draft_model_must_share_the_vocabulary(start_server: StartServer) -> N
     assert "token 1234" in backend.vocabulary_differs(like(_pieces=pieces))
     assert "tokens against" in backend.vocabulary_differs(like(n_vocab=backend.n_vocab + 1))
     assert "end-of-generation" in backend.vocabulary_differs(like(eog_ids=frozenset({7})))
+
+
+def test_a_strategy_over_planning_a_draft_model_runs_it_for_no_more_than_the_room(
+    start_server: StartServer,
+) -> None:
+    class OverPlans(DecodeMaximal):
+        def plan_drafts(self, slots: Any, plan: BatchPlan, budget: int, cost: DecodeCost) -> BatchPlan:
+            entries = (SlotPlan(e.seq_id, e.decode, e.prefill_tokens, 10**6 * e.decode) for e in plan.slots)
+            return BatchPlan(tuple(entries))
+
+    ref = draft_engine(start_server, n_parallel=1, batch_strategy=OverPlans())
+    with pytest.raises(StrategyError):
+        ref.ask(Generate(GROUNDED[1], max_tokens=30, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    # One pass for the first token, at most draft_max (16) for the rest: never the
+    # million the plan asked for (check_plan refuses it only after the drafter ran).
+    assert drafter_of(ref).n_passes <= 1 + 16
+    no_stray_cells(ref)

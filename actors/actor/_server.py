@@ -227,7 +227,13 @@ class ServerActor(pykka.ThreadingActor):
             _crashes[self.actor_urn] = f"loading the draft model failed: {e!r}"
             self._fail_inbox(EngineStopped(f"{self._who} could not load its draft model: {e!r}"))
             raise
-        self.actor_engine = Engine(backend, self.actor_config, self.actor_ref, draft)
+        try:
+            self.actor_engine = Engine(backend, self.actor_config, self.actor_ref, draft)
+        except BaseException:
+            backend.close()
+            if draft is not None:
+                draft.close()
+            raise
         self.actor_ref.n_ctx_slot = self.actor_engine.n_ctx_slot
         self.actor_ref.backend = backend
         _live_servers.add(self)
@@ -286,9 +292,11 @@ class ServerActor(pykka.ThreadingActor):
             if drain is not None:  # stopped or crashed while draining: the drain ends too
                 settle(drain[0], unfinished)
         finally:
-            engine.backend.close()
-            if engine.drafter is not None:
-                engine.drafter.close()
+            try:
+                engine.backend.close()
+            finally:
+                if engine.drafter is not None:
+                    engine.drafter.close()
 
     def _fail_inbox(self, error: EngineError) -> None:
         # pykka answers asks left in the inbox with ActorDeadError but drops tells:

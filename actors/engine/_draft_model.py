@@ -10,6 +10,7 @@ token, each with one row per slot still drafting.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from actors.backend._llama import LlamaBackend
@@ -18,6 +19,7 @@ from actors.engine._speculative import Draft, Drafter, DraftWant
 __all__ = ["ModelDrafter"]
 
 _NONE = Draft([])
+_log = logging.getLogger("llama_cpp_actors.engine")
 
 
 class _Sequence:
@@ -63,6 +65,7 @@ class ModelDrafter(Drafter):
         self.p_min = p_min
         self._seqs: dict[int, _Sequence] = {}
         self.n_passes = 0  # draft-model forward passes, for tests and benches
+        self.n_failures = 0  # passes that failed (no room: every sequence started over)
 
     def propose(self, wants: Sequence[DraftWant]) -> list[Draft]:
         """Each want's draft: what the draft model says greedily, at most ``limit`` tokens."""
@@ -158,8 +161,11 @@ class ModelDrafter(Drafter):
         the draft context holds stale sequences) forget every sequence and draft nothing
         this tick."""
         self.n_passes += 1
-        if self.backend.decode(0, n) == 0:
+        code = self.backend.decode(0, n)
+        if code == 0:
             return True
+        self.n_failures += 1
+        _log.warning("draft model decode returned %d: its %d sequences start over", code, len(self._seqs))
         for seq_id in list(self._seqs):
             self._drop(seq_id)
         return False

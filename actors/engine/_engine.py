@@ -130,8 +130,12 @@ class Engine(Admission):
         wants, slots = [], []
         for entry in plan.slots:
             slot = busy[entry.seq_id]
-            if entry.draft_tokens > len(slot.draft) and slot.want is not None:
-                wants.append(dataclasses.replace(slot.want, limit=entry.draft_tokens))
+            want = slot.want
+            k = entry.draft_tokens
+            if want is not None and entry.decode and type(k) is int and k > len(slot.draft):
+                # check_plan refuses an entry over the slot's room after this; the draft
+                # model must never be run for more than that room first.
+                wants.append(dataclasses.replace(want, limit=min(k, want.limit)))
                 slots.append(slot)
         self.draft_idle = 0 if plan.num_draft_tokens else self.draft_idle + 1
         if not wants:

@@ -199,9 +199,9 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         options["batch_strategy"] = _STRATEGIES[v["strategy"]]()
     if v["spec_type"] not in (None, "none"):
         options["spec_type"] = v["spec_type"]
-    if v["spec_draft_model"] is not None:  # a draft model without --spec-type: it drafts
+    if v["spec_draft_model"] is not None and v["spec_type"] != "none":
         options["draft_model_path"] = v["spec_draft_model"]
-        options.setdefault("spec_type", "draft")
+        options.setdefault("spec_type", "draft")  # a draft model without --spec-type: it drafts
     replicas = v["replicas"] or 1
     backend = v["backend"] or "local"
     pool = None if replicas == 1 and backend == "local" else {"replicas": replicas, "backend": backend}
