@@ -287,38 +287,50 @@ def test_an_end_of_generation_inside_a_draft_ends_the_request(start_server: Star
     no_stray_cells(spec)
 
 
-def test_context_shift_and_preemption_with_drafts_change_no_output(start_server: StartServer) -> None:
+def shift_and_preempt(start_server: StartServer, **spec: Any) -> tuple[Completion, pykka.ActorRef[Any]]:
+    """A context shift (80 positions a slot, 100 tokens) on one engine, then preemption
+    (4 slots whose contexts cannot all fit 256 cells) on another, each output checked
+    against a reference; the shifted completion and the crowded engine."""
     recorder = Recorder()
-    # A context shift: 80 positions per slot, 100 tokens to generate.
     prompt = GROUNDED[1]
     shift_ref = greedy_references(start_server, [prompt], 100, n_ctx_per_slot=80)[0]
-    spec = start_server(n_parallel=1, spec_type="ngram", n_ctx_per_slot=80)
-    got = spec.ask(Generate(prompt, max_tokens=100, temp=0, logit_bias=NO_EOG)).get(timeout=240)
+    spec_ref = start_server(n_parallel=1, n_ctx_per_slot=80, **spec)
+    got = spec_ref.ask(Generate(prompt, max_tokens=100, temp=0, logit_bias=NO_EOG)).get(timeout=240)
     assert got.generated_tokens == 100
     same_greedy(shift_ref, got.token_ids)
     assert any(md["event"] == "context_shift" for _, md in recorder.of("kv_pressure"))
-    no_stray_cells(spec)
-    spec.stop()
-    # Preemption: 4 slots whose contexts cannot all fit 256 cells.
+    no_stray_cells(spec_ref)
+    spec_ref.stop()
     refs = references(start_server, GROUNDED, 100)
-    crowded = start_server(n_parallel=4, n_ctx=256, n_ctx_per_slot=192, spec_type="ngram")
+    crowded = start_server(n_parallel=4, n_ctx=256, n_ctx_per_slot=192, **spec)
     futures = [crowded.ask(Generate(p, max_tokens=100, temp=0, logit_bias=NO_EOG)) for p in GROUNDED]
     for future, reference in zip(futures, refs, strict=True):
         same_greedy(reference, future.get(timeout=240).token_ids)
     assert any(md["event"] == "preempt" for _, md in recorder.of("kv_pressure"))
     no_stray_cells(crowded)
+    return got, crowded
 
 
-def test_a_cancelled_or_failed_speculating_request_leaves_no_draft_cells(start_server: StartServer) -> None:
-    ref = start_server(n_parallel=2, spec_type="ngram")
+def cancel_midway(ref: pykka.ActorRef[Any], prompt: str, after: int, max_tokens: int) -> Any:
+    """Stream ``prompt``, cancel it after ``after`` tokens; its last event (Done or Failed)."""
     events: queue.Queue[Any] = queue.Queue()
-    message = Stream(GROUNDED[1], reply_to=events, max_tokens=400, temp=0, logit_bias=NO_EOG)
+    message = Stream(prompt, reply_to=events, max_tokens=max_tokens, temp=0, logit_bias=NO_EOG)
     ref.tell(message)
-    for _ in range(40):
+    for _ in range(after):
         assert isinstance(events.get(timeout=120), Token)
     ref.tell(Cancel(message.request_id))
     while not isinstance(event := events.get(timeout=120), Done | Failed):
         pass
+    return event
+
+
+def test_context_shift_and_preemption_with_drafts_change_no_output(start_server: StartServer) -> None:
+    shift_and_preempt(start_server, spec_type="ngram")
+
+
+def test_a_cancelled_or_failed_speculating_request_leaves_no_draft_cells(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=2, spec_type="ngram")
+    event = cancel_midway(ref, GROUNDED[1], 40, 400)
     assert isinstance(event, Done) and event.completion.stop_reason == "cancelled"
     assert event.completion.draft_accepted > 0
     wait_until(lambda: ref.ask(GetStats())["active_slots"] == 0, 30)
@@ -458,34 +470,12 @@ def test_a_draft_model_drafting_for_itself_is_accepted_and_changes_nothing(start
 
 
 def test_a_draft_model_follows_shifts_preemptions_and_cancels(start_server: StartServer) -> None:
-    recorder = Recorder()
-    # A context shift: past its slot's positions a request stops drafting, output unchanged.
-    prompt = GROUNDED[1]
-    shift_ref = greedy_references(start_server, [prompt], 100, n_ctx_per_slot=80)[0]
-    ref = draft_engine(start_server, n_parallel=1, n_ctx_per_slot=80)
-    got = ref.ask(Generate(prompt, max_tokens=100, temp=0, logit_bias=NO_EOG)).get(timeout=240)
-    same_greedy(shift_ref, got.token_ids)
-    assert any(md["event"] == "context_shift" for _, md in recorder.of("kv_pressure"))
-    assert got.draft_accepted > 0
-    no_stray_cells(ref)
-    ref.stop()
-    # Preemption: requests move between slots; the draft model's sequences follow.
-    refs = references(start_server, GROUNDED, 100)
-    crowded = draft_engine(start_server, n_parallel=4, n_ctx=256, n_ctx_per_slot=192)
-    futures = [crowded.ask(Generate(p, max_tokens=100, temp=0, logit_bias=NO_EOG)) for p in GROUNDED]
-    for future, reference in zip(futures, refs, strict=True):
-        same_greedy(reference, future.get(timeout=240).token_ids)
-    assert any(md["event"] == "preempt" for _, md in recorder.of("kv_pressure"))
-    no_stray_cells(crowded)
+    # Past its slot's positions a request stops drafting; preempted requests move
+    # between slots and the draft model's sequences follow: outputs unchanged.
+    shifted, crowded = shift_and_preempt(start_server, spec_type="draft", draft_model_path=DRAFT)
+    assert shifted.draft_accepted > 0
     # A cancel in the middle of drafting, then the slot's next request drafts afresh.
-    events: queue.Queue[Any] = queue.Queue()
-    message = Stream(GROUNDED[2], reply_to=events, max_tokens=200, temp=0, logit_bias=NO_EOG)
-    crowded.tell(message)
-    for _ in range(20):
-        assert isinstance(events.get(timeout=120), Token)
-    crowded.tell(Cancel(message.request_id))
-    while not isinstance(events.get(timeout=120), Done | Failed):
-        pass
+    cancel_midway(crowded, GROUNDED[2], 20, 200)
     again = crowded.ask(Generate(GROUNDED[3], max_tokens=60, temp=0, logit_bias=NO_EOG)).get(timeout=120)
     same_greedy(references(start_server, [GROUNDED[3]], 60)[0], again.token_ids)
     assert again.draft_accepted > 0
