@@ -140,3 +140,33 @@ def test_a_session_returns_to_the_slot_that_served_it(start_server: StartServer)
         assert {md["request_id"]: md["seq_id"] for _, md in recorder.of("start")}[
             again.request_id
         ] == bob_slot
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_idle_caches_leave_the_kv_for_the_ram_cache_once_a_request_starts(
+    start_server: StartServer, offload: bool
+) -> None:
+    # llama-server's --cache-idle-slots: a decode attends over every cell in use, so an
+    # idle slot's cache is moved to RAM when another request starts; a prefix that the
+    # new request shares stays in the KV, and the idle history comes back from RAM.
+    recorder = Recorder()
+    ref = start_server(n_parallel=4, n_ctx=4096, prompt_cache_ram_mb=64, cache_idle_slots=offload)
+    shared = "An opening that two requests share, long enough to count. " * 4
+    alone = shared + "Then the first one goes on alone, " * 4
+    first = generate(ref, alone, max_tokens=4, temp=0, logprobs=2)
+    held = ref.ask(GetStats())["kv_cells_used"]
+    second = generate(ref, shared + "The second one.", max_tokens=4, temp=0)
+    assert second.prefix_cache_tokens >= first.prompt_tokens // 3  # the shared opening, copied
+    stats = ref.ask(GetStats())
+    saved = [m["tokens"] for m, md in recorder.of("ram_cache") if md["event"] == "save"]
+    if offload:
+        # Only the second's cells are left, in llama.cpp's own count too.
+        assert stats["kv_cells_used"] == second.prompt_tokens + second.generated_tokens - 1 < held
+        assert sum(1 for n in stats["kv_positions"] if n > 0) == 1
+        assert saved == [first.prompt_tokens + first.generated_tokens - 1]
+    else:
+        assert stats["kv_cells_used"] > held and sum(1 for n in stats["kv_positions"] if n > 0) == 2
+        assert saved == []
+    again = generate(ref, alone, max_tokens=4, temp=0)
+    assert again.prefix_cache_tokens == first.prompt_tokens - 1  # from RAM, or its own slot
+    same_greedy(first, again.token_ids)

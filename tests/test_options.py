@@ -120,6 +120,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"cache_prompt": "false"}, "cache_prompt"),  # bool("false") is True
     ({"cache_prompt": None}, "cache_prompt"),
     ({"context_shift": 0}, "context_shift"),
+    ({"cache_idle_slots": 1}, "cache_idle_slots"),
+    ({"cache_idle_slots": "no"}, "cache_idle_slots"),
     ({"batch_strategy": "fast"}, "BatchStrategy"),
     ({"batch_strategy": DecodeMaximal}, "BatchStrategy"),  # the class, not an instance
     ({"prompt_cache_ram_mb": -1}, "prompt_cache_ram_mb"),

@@ -318,6 +318,7 @@ class StartOptions:
     draft_max: int = 16
     draft_model_path: str | None = None
     draft_p_min: float = 0.0
+    cache_idle_slots: bool = True
 
     def backend_options(self, model_path: str) -> BackendOptions:
         """What the backend loads, for the resolved ``model_path`` (caller's thread)."""
@@ -353,6 +354,7 @@ class StartOptions:
             spec_type=self.spec_type,
             draft_max=self.draft_max,
             draft_p_min=self.draft_p_min,
+            cache_idle_slots=self.cache_idle_slots,
         )
 
 
@@ -366,6 +368,7 @@ def check_options(
     max_queue: object = 64,
     cache_prompt: object = True,
     prefix_sharing: object = True,
+    cache_idle_slots: object = True,
     batch_strategy: object = None,
     n_threads: object = None,
     temp: object = 0.8,
@@ -486,6 +489,7 @@ def check_options(
         max_queue=_int("max_queue", max_queue, 0, None),
         cache_prompt=_flag("cache_prompt", cache_prompt),
         prefix_sharing=_flag("prefix_sharing", prefix_sharing),
+        cache_idle_slots=_flag("cache_idle_slots", cache_idle_slots),
         batch_strategy=batch_strategy,
         defaults=_sampling(sampling),
         n_ctx_per_slot=n_ctx_per_slot,

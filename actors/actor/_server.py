@@ -105,6 +105,7 @@ class ServerActor(pykka.ThreadingActor):
         max_queue: int = 64,
         cache_prompt: bool = True,
         prefix_sharing: bool = True,
+        cache_idle_slots: bool = True,
         batch_strategy: BatchStrategy | None = None,
         n_threads: int | None = None,
         temp: float = 0.8,
@@ -144,7 +145,7 @@ class ServerActor(pykka.ThreadingActor):
         options = check_options(
             model_path=model_path, n_parallel=n_parallel, n_ctx=n_ctx, n_batch=n_batch,
             chunk_size=chunk_size, max_queue=max_queue, cache_prompt=cache_prompt,
-            prefix_sharing=prefix_sharing,
+            prefix_sharing=prefix_sharing, cache_idle_slots=cache_idle_slots,
             batch_strategy=batch_strategy, n_threads=n_threads, temp=temp, top_k=top_k,
             top_p=top_p, min_p=min_p, seed=seed, penalty_last_n=penalty_last_n,
             penalty_repeat=penalty_repeat, penalty_freq=penalty_freq,

@@ -50,7 +50,8 @@ class Engine(Admission):
 
         1. ``_expire``: requests past their ``deadline_s`` end with ``"timeout"``.
         2. ``_dequeue``: waiting requests enter idle slots (``_start`` claims the
-           longest cached prefix) while the KV cells have room.
+           longest cached prefix) while the KV cells have room; once one has, the
+           idle slots' caches move to the RAM cache (``offload_idle``).
         3. ``_plan``: the strategy's ``build_batch``, checked by ``check_plan``.
         4. ``lay_out``: the plan written into the batch's arrays.
         5. ``_forward``: one ``llama_decode`` (``_no_kv_space`` purges, splits,
@@ -65,6 +66,10 @@ class Engine(Admission):
         if self._n_deadlines:
             self._expire()
         self._dequeue()
+        if self.occupied:
+            self.occupied = False
+            if self.config.cache_idle_slots:
+                self.memory.offload_idle(self.slots)
         busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
         if not busy:
             return

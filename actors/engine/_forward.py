@@ -169,6 +169,7 @@ class ForwardPass(Sampling):
         """``request`` enters ``slot``, which holds ``n_reuse`` of its tokens already."""
         slot.request = request
         slot.state = SlotState.PREFILLING
+        self.occupied = True
         request.seq_id = slot.seq_id
         if not request.started:  # a request resumed after a preemption was announced already
             request.started = True

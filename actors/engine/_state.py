@@ -27,9 +27,9 @@ class EngineConfig:
     """The scheduling options of an engine (checked by ``ServerActor``)."""
 
     __slots__ = (
-        "batch_strategy", "cache_prompt", "chunk_size", "context_shift", "defaults", "draft_max",
-        "draft_p_min", "max_queue", "n_ctx_per_slot", "name", "prefix_sharing", "ram_budget_bytes",
-        "spec_type",
+        "batch_strategy", "cache_idle_slots", "cache_prompt", "chunk_size", "context_shift",
+        "defaults", "draft_max", "draft_p_min", "max_queue", "n_ctx_per_slot", "name",
+        "prefix_sharing", "ram_budget_bytes", "spec_type",
     )  # fmt: skip
 
     def __init__(
@@ -48,8 +48,10 @@ class EngineConfig:
         spec_type: str | None = None,
         draft_max: int = 16,
         draft_p_min: float = 0.0,
+        cache_idle_slots: bool = True,
     ) -> None:
         self.name = name
+        self.cache_idle_slots = cache_idle_slots
         self.spec_type = spec_type
         self.draft_max = draft_max
         self.draft_p_min = draft_p_min
@@ -96,6 +98,8 @@ class EngineState:
         self.n_ticks = 0
         self._n_deadlines = 0  # live requests with a deadline: skip the scan without them
         self.draining = False
+        # A request entered a slot since the last tick: idle caches may leave the KV.
+        self.occupied = False
         # A sequence's positions stay below this; by default an even share of the
         # KV cells, never past what the model was trained on.
         self.n_ctx_slot = config.n_ctx_per_slot or min(

@@ -212,6 +212,8 @@ _OPTIONS = (
             _integer(-1, 2**40)),
     _Option("--cache-prompt", "cache_prompt", "reuse a slot's cached prompt prefix, cache_prompt "
             "(default: enabled)"),
+    _Option("--cache-idle-slots", "cache_idle_slots", "once a request starts, move idle slots' KV "
+            "to the RAM prompt cache, cache_idle_slots (default: enabled; needs --cache-ram)"),
     _Option("--context-shift", "context_shift", "on a full slot, drop old tokens and go on generating "
             "(default: disabled, as llama-server; ServerActor's own default is enabled)"),
     _Option("--flash-attn", "flash_attn", "flash attention: on, off or auto (default: auto)",
@@ -321,7 +323,8 @@ _SAMPLING = MappingProxyType(
 _PASSED_IF_GIVEN = MappingProxyType(
     {"batch_size": "n_batch", "ubatch_size": "n_ubatch", "flash_attn": "flash_attn",
      "cache_type_k": "type_k", "cache_type_v": "type_v", "n_gpu_layers": "n_gpu_layers",
-     "cache_prompt": "cache_prompt", "max_queue": "max_queue", "chunk_size": "chunk_size",
+     "cache_prompt": "cache_prompt", "cache_idle_slots": "cache_idle_slots", "max_queue": "max_queue",
+     "chunk_size": "chunk_size",
      "spec_draft_n_max": "draft_max", "spec_draft_p_min": "draft_p_min"}
 )  # fmt: skip
 
