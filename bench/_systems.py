@@ -66,13 +66,17 @@ class Engine(System):
     """This project's ServerActor, streamed through queues as a caller would."""
 
     name = "engine"
+    options: dict[str, Any] = {}  # more ServerActor options (bench/http.py: serve's own)
 
     def start(self, concurrency: int) -> None:
         self.ref = ServerActor.start(
-            model_path=self.model_path,
-            n_parallel=concurrency,
-            n_ctx=self.n_ctx,
-            n_threads=self.n_threads,
+            **{
+                "model_path": self.model_path,
+                "n_parallel": concurrency,
+                "n_ctx": self.n_ctx,
+                "n_threads": self.n_threads,
+                **self.options,
+            }
         )
 
     def _run(self, prompts: Sequence[str], max_tokens: int) -> Timings:

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)
 
 from actors import default_model_path
+from actors.http._cli import parse
 from bench._common import EOG_IDS, RESULTS, machine, markdown_table, percentile, prompts, write_result
 from bench._sse import SseConnection
 from bench._systems import Engine, ExampleServer, LlamaServer, System, _free_port, _wait_http
@@ -67,14 +68,20 @@ class Ours(System):
     name = "ours"
     extra: tuple[str, ...] = ()  # --ours-flags
 
+    @classmethod
+    def flags(cls, model_path: str, n_ctx: int, n_parallel: int, n_threads: int, port: int) -> list[str]:
+        """``serve``'s arguments: the flags bench/_systems' LlamaServer passes."""
+        return [
+            "-m", model_path, "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx),
+            "-np", str(n_parallel), "-b", str(min(n_ctx, 2048)), "-ub", "512", "-kvu",
+            "-t", str(n_threads), "-tb", str(n_threads), *cls.extra,
+        ]  # fmt: skip
+
     def start(self, concurrency: int) -> None:
         self.port = _free_port()
         serve = str(Path(sys.executable).parent / "llama-cpp-actors")
-        command = [
-            serve, "serve", "-m", self.model_path, "--host", "127.0.0.1", "--port", str(self.port),
-            "-c", str(self.n_ctx), "-np", str(concurrency), "-b", str(min(self.n_ctx, 2048)),
-            "-ub", "512", "-kvu", "-t", str(self.n_threads), "-tb", str(self.n_threads), *self.extra,
-        ]  # fmt: skip
+        flags = self.flags(self.model_path, self.n_ctx, concurrency, self.n_threads, self.port)
+        command = [serve, "serve", *flags]
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_http(self.port, "/health", self.proc)
 
@@ -211,7 +218,7 @@ def engine_in_child(args: argparse.Namespace, c: int, n: int, tag: str) -> Run:
     command = [
         sys.executable, __file__, "--child-engine", "--tag", tag, "--levels", str(c),
         "--requests", str(n), "--n-parallel", str(args.n_parallel), "--max-tokens", str(args.max_tokens),
-        "--n-ctx", str(args.n_ctx), "--n-threads", str(args.n_threads),
+        "--n-ctx", str(args.n_ctx), "--n-threads", str(args.n_threads), f"--ours-flags={args.ours_flags}",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
     if result.returncode != 0:
@@ -224,6 +231,9 @@ def child_engine(args: argparse.Namespace) -> None:
     """Waves of ``c`` requests at once, as many as the HTTP clients send at that level."""
     c = args.levels[0]
     engine = Engine(default_model_path(), args.n_ctx, args.n_threads)
+    # The engine `serve` builds from the flags Ours passes (its RAM cache included).
+    plan = parse(Ours.flags(default_model_path(), args.n_ctx, args.n_parallel, args.n_threads, 0))
+    engine.options = dict(plan.server_options)
     engine.start(args.n_parallel)
     run = Run()
     try:

@@ -242,7 +242,9 @@ def test_a_sharer_that_fails_leaves_the_other_intact(start_server: StartServer) 
 def test_a_history_restored_from_ram_takes_a_donors_cells_for_the_shared_prefix(
     start_server: StartServer,
 ) -> None:
-    ref = start_server(n_parallel=2, n_ctx=4096, prompt_cache_ram_mb=256)
+    # The idle donor stays in the KV (cache_idle_slots would move it to RAM once the
+    # restored request starts, and then no cell would be shared to count).
+    ref = start_server(n_parallel=2, n_ctx=4096, prompt_cache_ram_mb=256, cache_idle_slots=False)
     recorder = Recorder()
 
     def ask(text: str) -> Completion:
