@@ -232,7 +232,7 @@ def child_engine(args: argparse.Namespace) -> None:
     c = args.levels[0]
     engine = Engine(default_model_path(), args.n_ctx, args.n_threads)
     # The engine `serve` builds from the flags Ours passes (its RAM cache included).
-    plan = parse(Ours.flags(default_model_path(), args.n_ctx, args.n_parallel, args.n_threads, 0))
+    plan = parse(["serve", *Ours.flags(default_model_path(), args.n_ctx, args.n_parallel, args.n_threads, 0)])
     engine.options = dict(plan.server_options)
     engine.start(args.n_parallel)
     run = Run()
