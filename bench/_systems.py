@@ -18,8 +18,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from actors import Done, Failed, ServerActor, Stream, Token
@@ -66,7 +67,7 @@ class Engine(System):
     """This project's ServerActor, streamed through queues as a caller would."""
 
     name = "engine"
-    options: dict[str, Any] = {}  # more ServerActor options (bench/http.py: serve's own)
+    options: Mapping[str, Any] = MappingProxyType({})  # more ServerActor options (bench/http.py: serve's)
 
     def start(self, concurrency: int) -> None:
         self.ref = ServerActor.start(
