@@ -385,9 +385,9 @@ class KVMemory:
         self.save(slot)
         self.drop(slot)
 
-    def offload_idle(self, slots: Sequence[Slot]) -> int:
+    def offload_idle(self, slots: Sequence[Slot]) -> None:
         """Move idle slots' caches out of the context and into the RAM cache (llama-server's
-        ``--cache-idle-slots``); how many slots it emptied. Nothing without a RAM cache.
+        ``--cache-idle-slots``). Nothing without a RAM cache.
 
         Every ``llama_decode`` attends over the KV cells up to the highest one in use,
         whoever holds them: an idle slot's cache costs every running request time at
@@ -396,13 +396,10 @@ class KVMemory:
         request stays where it is, a donor for the next one.
         """
         if self.ram is None:
-            return 0
-        emptied = 0
+            return
         for slot in slots:
             if slot.request is None and slot.cached and self.cells.private(slot.seq_id):
                 self.forget(slot)
-                emptied += 1
-        return emptied
 
     def purge_idle(self, slots: Sequence[Slot], need: int | None = None, last: Collection[int] = ()) -> int:
         """Free idle slots' cached KV (KV pressure), least recently used first and the
