@@ -618,3 +618,10 @@ def test_speculative_decoding_flags(capsys: CapSys) -> None:
         assert (got["spec_type"], got["draft_model_path"], got["draft_p_min"]) == ("draft", "small.gguf", 0.5)
     with pytest.raises(ConfigError, match="needs draft_model_path"):
         plan("-c", "64", "--spec-type", "draft-simple").start_engine()
+    # --spec-draft-p-min without a draft model would change nothing: refused, never ignored;
+    # --spec-type none turns every draft option off.
+    for argv in ([], ["--spec-type", "ngram-simple"], ["--spec-type", "ngram-simple", "-md", "small.gguf"]):
+        with pytest.raises(CliError, match="spec-draft-p-min is for a draft model"):
+            options(*argv, "--spec-draft-p-min", "0.5")
+    off = options("--spec-type", "none", "-md", "small.gguf", "--spec-draft-p-min", "0.5")
+    assert "draft_p_min" not in off and "draft_model_path" not in off

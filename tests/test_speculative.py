@@ -373,6 +373,10 @@ def test_speculate_false_and_options_are_checked(start_server: StartServer) -> N
                 {"spec_type": "draft", "draft_model_path": DRAFT, "draft_p_min": "0.5"}):  # fmt: skip
         with pytest.raises(ConfigError):
             start_server(**bad)
+    # A draft model's confidence without a draft model would change nothing: refused.
+    for bad in ({"draft_p_min": 0.5}, {"spec_type": "ngram", "draft_p_min": 0.5}):
+        with pytest.raises(ConfigError, match="draft_p_min is for spec_type='draft'"):
+            start_server(**bad)
 
 
 def test_a_strategy_that_never_speculates_gets_no_drafts(start_server: StartServer) -> None:

@@ -266,6 +266,8 @@ def _speculation(
         or not 0.0 <= draft_p_min <= 1.0  # False for NaN
     ):
         raise ConfigError(f"draft_p_min must be a number within [0, 1], got {_show(draft_p_min)}")
+    if spec_type != "draft" and draft_p_min != 0.0:  # never silently ignored
+        raise ConfigError("draft_p_min is for spec_type='draft' (a draft model's confidence)")
     return spec_type, draft_max, path, float(draft_p_min)
 
 

@@ -202,6 +202,11 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
     if v["spec_draft_model"] is not None and v["spec_type"] != "none":
         options["draft_model_path"] = v["spec_draft_model"]
         options.setdefault("spec_type", "draft")  # a draft model without --spec-type: it drafts
+    if v["spec_draft_p_min"] is not None:
+        if v["spec_type"] == "none":  # none wins over every draft option, as over -md
+            del options["draft_p_min"]
+        elif options.get("spec_type") != "draft":
+            raise CliError("--spec-draft-p-min is for a draft model (-md): it would change nothing")
     replicas = v["replicas"] or 1
     backend = v["backend"] or "local"
     pool = None if replicas == 1 and backend == "local" else {"replicas": replicas, "backend": backend}

@@ -289,7 +289,7 @@ _OPTIONS = (
     _Option("--spec-draft-model", "spec_draft_model", "the draft model for draft-simple: a smaller "
             "GGUF with the model's vocabulary, draft_model_path (default: unused)", str, "FNAME"),
     _Option("--spec-draft-p-min", "spec_draft_p_min", "a draft model's draft stops at a token it is "
-            "less sure of than P, draft_p_min (default: 0.00)", _number(0, 1), "P"),
+            "less sure of than P, draft_p_min; only with a draft model (default: 0.00)", _number(0, 1), "P"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
     _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
             "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
