@@ -34,6 +34,7 @@ from actors import (
     Token,
     default_model_path,
 )
+from actors.actor._server import crash_reason
 from actors.backend._faults import faults
 from actors.engine._batch import check_plan
 from actors.engine._draft_model import ModelDrafter
@@ -532,3 +533,25 @@ def test_a_strategy_over_planning_a_draft_model_runs_it_for_no_more_than_the_roo
     # million the plan asked for (check_plan refuses it only after the drafter ran).
     assert drafter_of(ref).n_passes <= 1 + 16
     no_stray_cells(ref)
+
+
+def test_a_draft_model_loads_without_its_chat_template_and_must_not_be_recurrent(
+    start_server: StartServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import llama_cpp
+
+    # Every GGUF's own template is now one that does not compile; the target renders
+    # with a template of the server's, and the draft model renders no chat at all.
+    monkeypatch.setattr(llama_cpp, "llama_model_chat_template", lambda model, name: b"{% if %}")
+    template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    ref = draft_engine(start_server, n_parallel=1, chat_template=template)
+    got = ref.ask(Generate(GROUNDED[1], max_tokens=20, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    assert got.draft_accepted > 0 and not drafter_of(ref).backend.has_chat_template
+    ref.stop()
+    monkeypatch.undo()
+    # A recurrent (or hybrid) draft model: llama.cpp cannot drop its rejected drafts.
+    monkeypatch.setattr(llama_cpp, "llama_model_is_recurrent", lambda model: True)
+    ref = draft_engine(start_server, n_parallel=1)
+    wait_until(lambda: not ref.is_alive(), 60)
+    reason = crash_reason(ref.actor_urn)
+    assert reason is not None and "ConfigError" in reason and "recurrent or hybrid" in reason

@@ -252,7 +252,7 @@ class ServerActor(pykka.ThreadingActor):
         (actor thread); None without ``spec_type="draft"``."""
         if self.actor_draft_options is None:
             return None
-        draft = LlamaBackend(self.actor_draft_options)
+        draft = LlamaBackend(self.actor_draft_options, draft=True)  # no chat template; no recurrent model
         differs = target.vocabulary_differs(draft)
         if differs is not None:
             draft.close()

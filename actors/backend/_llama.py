@@ -33,7 +33,7 @@ from actors.backend._options import BackendOptions
 from actors.backend._readers import _Readers
 from actors.backend._template import ChatTemplate
 from actors.contract._checks import _template_variables
-from actors.contract._errors import EngineStopped, InvalidRequest, ModelLoadError
+from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, ModelLoadError
 from actors.contract._messages import SamplingParams
 
 __all__ = ["LlamaBackend", "llama_cpp_version"]
@@ -96,6 +96,7 @@ class LlamaBackend:
         *,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        draft: bool = False,
     ) -> None:
         """Load the model and make the context (the actor thread).
 
@@ -106,6 +107,13 @@ class LlamaBackend:
                 instead of the model's own chat template.
             chat_template_kwargs: the template's variables every chat gets, under the
                 request's ``template_kwargs`` (checked as those are).
+            draft: a draft model's (speculative decoding): its chat template is never
+                compiled (it renders no chat, and one that does not compile must not
+                stop it loading), and a recurrent or hybrid model is refused.
+
+        Raises:
+            ModelLoadError: llama.cpp could not load the model or make the context.
+            ConfigError: ``draft`` and the model is recurrent or hybrid.
         """
         self.options = options
         self._custom_template = chat_template
@@ -129,6 +137,15 @@ class LlamaBackend:
         self._model = _lc.llama_model_load_from_file(options.model_path.encode(), model_params)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {options.model_path!r} (not a GGUF model?)")
+        if draft and (_lc.llama_model_is_recurrent(self._model) or _lc.llama_model_is_hybrid(self._model)):
+            # Its memory refuses to drop a sequence's tail (llama_memory_seq_rm), and a
+            # draft model drops its rejected draft tokens every tick.
+            _lc.llama_model_free(self._model)
+            self._model = None
+            raise ConfigError(
+                f"the draft model {options.model_path!r} is recurrent or hybrid: llama.cpp cannot "
+                "drop its rejected draft tokens; a draft model must be a transformer"
+            )
         self._vocab = _lc.llama_model_get_vocab(self._model)
         context_params = _lc.llama_context_default_params()
         context_params.n_ctx = options.n_ctx
@@ -170,7 +187,7 @@ class LlamaBackend:
         # they are done, so the vocabulary is never freed under them.
         self._readers = _Readers()
         self._specials = self._special_texts()
-        self._chat = self._chat_formatter()
+        self._chat = None if draft else self._chat_formatter()
         self.has_chat_template: bool = self._chat is not None
         self.n_decode_calls = 0
         self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
