@@ -535,6 +535,72 @@ def test_a_strategy_over_planning_a_draft_model_runs_it_for_no_more_than_the_roo
     no_stray_cells(ref)
 
 
+SYSTEM = "You are a careful assistant. " + " ".join(
+    f"Rule {i}: answer questions about topic number {i} in plain words." for i in range(20)
+)
+
+
+def test_slots_sharing_a_long_system_prompt_share_the_draft_context(start_server: StartServer) -> None:
+    # Four slots of 512 positions in 512 cells (serve's default: a slot may use the
+    # whole context). The draft context holds the ~300-token system prompt once, as
+    # the target does: copied to each new request, never fed four times over (which
+    # would not fit, and every draft sequence would start over every tick).
+    questions = [f"{SYSTEM}\nQuestion: what is {word}?\nAnswer:" for word in ("rain", "salt", "iron", "wind")]
+    refs = references(start_server, questions, 20)
+    ref = draft_engine(start_server, n_parallel=4, n_ctx=512, n_ctx_per_slot=512, batch_strategy=AllDrafts())
+    first = ref.ask(Generate(questions[0], max_tokens=20, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    futures = [ref.ask(Generate(q, max_tokens=20, temp=0, logit_bias=NO_EOG)) for q in questions]
+    done = [first] + [f.get(timeout=240) for f in futures]
+    for got, reference in zip(done, [refs[0], *refs], strict=True):
+        same_greedy(reference, got.token_ids)
+        assert got.draft_accepted > 0
+    drafter = drafter_of(ref)
+    assert drafter.n_failures == 0
+    assert drafter.cells_used <= 512
+    no_stray_cells(ref)
+
+
+class OneDraftToken(DecodeMaximal):
+    """Verifies one draft token a slot, so the draft model is asked each tick for its
+    first token; records each view's room beside the slot's draft."""
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def plan_drafts(self, slots: Any, plan: BatchPlan, budget: int, cost: DecodeCost) -> BatchPlan:
+        views = {view.seq_id: view for view in slots}
+        for view in slots:
+            self.seen.append((view.draft_tokens, list(self.engine.slots[view.seq_id].draft)))
+        entries = (
+            SlotPlan(e.seq_id, e.decode, e.prefill_tokens, min(1, views[e.seq_id].draft_tokens) * e.decode)
+            for e in plan.slots
+        )
+        return BatchPlan(tuple(entries))
+
+
+def test_a_draft_that_stopped_at_its_first_token_is_offered_as_it_is(start_server: StartServer) -> None:
+    # A chat answer the model would end (it says <|im_end|>, which the target may not):
+    # the draft model's first token is an end of generation, the draft stops there, and
+    # the strategy must see 1 draft token to verify, not draft_max.
+    strategy = OneDraftToken()
+    ref = draft_engine(start_server, n_parallel=1, batch_strategy=strategy)
+    strategy.engine = ref.proxy().actor_engine.get()
+    eog = strategy.engine.backend.eog_ids
+    chats = [
+        "<|im_start|>user\nReply with one word: yes or no?<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\nHi!<|im_end|>\n"
+        "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n",
+    ]
+    for chat in chats:
+        ref.ask(Generate(chat, max_tokens=40, temp=0, logit_bias=NO_EOG)).get(timeout=120)
+    stopped = [(room, draft) for room, draft in strategy.seen if draft and draft[-1] in eog]
+    assert stopped  # the chats end where the model would say end-of-generation
+    assert all(room == len(draft) for room, draft in stopped), stopped
+    no_stray_cells(ref)
+
+
 def test_a_draft_model_loads_without_its_chat_template_and_must_not_be_recurrent(
     start_server: StartServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

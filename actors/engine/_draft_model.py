@@ -6,12 +6,22 @@ sequence per slot of the engine, and its own batch. A tick's drafting is batched
 slots: one pass feeds each slot's tokens that the draft context does not hold yet (the
 tokens accepted last tick, the pending one, a new prompt), then one pass per draft
 token, each with one row per slot still drafting.
+
+The draft context has as many cells as the target's, so it must hold what the target
+holds no less tightly: a request that enters a slot starts from the sequence that holds
+the longest prefix of its tokens (``seq_copy``: a shared cell counts once), a sequence
+whose request left stays only as a prefix to copy and is the first evicted, and a pass
+that would not fit evicts the least recently used sequences first. The drafter counts
+the cells itself (:class:`_Cells`, shared cells once); should llama.cpp still find no
+room, it evicts more and tries once more before every sequence starts over.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from actors.backend._llama import LlamaBackend
 from actors.engine._speculative import Draft, Drafter, DraftWant
@@ -20,23 +30,75 @@ __all__ = ["ModelDrafter"]
 
 _NONE = Draft([])
 _log = logging.getLogger("llama_cpp_actors.engine")
+_NO_KV_SPACE = 1  # llama_decode's "no KV slot for the batch": nothing was computed
+
+
+class _Cells:
+    """The draft context's KV cells as llama.cpp's unified cache keeps them: a cell is
+    used while some sequence holds it, and ``seq_copy`` makes two sequences hold the
+    same cells (so one counts once). Each sequence lists its cells by position."""
+
+    __slots__ = ("_next", "_refs")
+
+    def __init__(self) -> None:
+        self._refs: dict[int, int] = {}  # cell -> sequences holding it
+        self._next = 0
+
+    @property
+    def used(self) -> int:
+        return len(self._refs)
+
+    def grow(self, cells: list[int], n: int) -> None:
+        """``n`` new cells at the end of ``cells`` (a pass wrote them)."""
+        start = self._next
+        self._next += n
+        cells.extend(range(start, start + n))
+        self._refs.update(dict.fromkeys(range(start, start + n), 1))
+
+    def share(self, cells: list[int]) -> list[int]:
+        """A second holder of ``cells`` (a copy)."""
+        refs = self._refs
+        for cell in cells:
+            refs[cell] += 1
+        return list(cells)
+
+    def cut(self, cells: list[int], keep: int) -> None:
+        """Let go of ``cells`` from ``keep`` on."""
+        refs = self._refs
+        for cell in cells[keep:]:
+            left = refs[cell] - 1
+            if left:
+                refs[cell] = left
+            else:
+                del refs[cell]
+        del cells[keep:]
+
+    def private(self, cells: list[int]) -> int:
+        """How many of ``cells`` no other sequence holds: what dropping them frees."""
+        refs = self._refs
+        return sum(1 for cell in cells if refs[cell] == 1)
 
 
 class _Sequence:
-    """What the draft context holds for one slot: the request's first ``synced`` tokens,
-    then the first ``fed`` tokens of ``draft``, the draft made when the request had
-    ``at`` tokens (``stopped``: it ended at an unsure token or an end of generation)."""
+    """What the draft context holds for one slot: ``held`` (a prefix of the request's
+    tokens, at positions 0 on), then the first ``fed`` tokens of ``draft``, the draft
+    made when the request had ``at`` tokens (``stopped``: it ended at an unsure token or
+    an end of generation). ``owner`` None: its request left, and the sequence is kept
+    only as a prefix another may copy. ``t_used``: the drafter's call it last served.
+    ``cells``: the cell of each position it holds (``held``, then the fed drafts)."""
 
-    __slots__ = ("at", "draft", "fed", "owner", "seq_id", "stopped", "synced")
+    __slots__ = ("at", "cells", "draft", "fed", "held", "owner", "seq_id", "stopped", "t_used")
 
-    def __init__(self, seq_id: int, owner: object) -> None:
+    def __init__(self, seq_id: int, owner: object, held: list[int], cells: list[int]) -> None:
         self.seq_id = seq_id
-        self.owner = owner
-        self.synced = 0
+        self.owner: object | None = owner
+        self.held = held
+        self.cells = cells
         self.draft: list[int] = []
         self.fed = 0
         self.at = -1
         self.stopped = False
+        self.t_used = 0
 
 
 class ModelDrafter(Drafter):
@@ -52,55 +114,90 @@ class ModelDrafter(Drafter):
             slots, its vocabulary checked against the target's
             (``LlamaBackend.vocabulary_differs``).
         n_ctx_slot: the positions a slot may hold; a request past them (it shifted its
-            context) gets no drafts, and its sequence is dropped.
+            context), or past the positions the draft model was trained on, gets no
+            drafts, and its sequence is dropped.
         p_min: a slot's draft stops at a token the draft model is less sure of than this
             (llama-server's ``--spec-draft-p-min``).
+        chunk_size: the most tokens a slot's sequence catches up with in one pass (the
+            engine's prefill chunk); the pass's ``n_batch`` rows are shared fairly, so a
+            long new prompt catches up over several ticks and never takes the rows of
+            the other slots' few new tokens.
     """
 
     costly = True
 
-    def __init__(self, backend: LlamaBackend, n_ctx_slot: int, p_min: float = 0.0) -> None:
+    def __init__(
+        self, backend: LlamaBackend, n_ctx_slot: int, p_min: float = 0.0, chunk_size: int = 512
+    ) -> None:
         self.backend = backend
         self.n_ctx_slot = n_ctx_slot
+        # Positions past what the draft model was trained on make drafts that are noise.
+        self.n_pos = min(n_ctx_slot, backend.n_ctx_train) if backend.n_ctx_train > 0 else n_ctx_slot
         self.p_min = p_min
+        self.chunk_size = chunk_size
         self._seqs: dict[int, _Sequence] = {}
+        self._cells = _Cells()
+        self._calls = 0
         self.n_passes = 0  # draft-model forward passes, for tests and benches
-        self.n_failures = 0  # passes that failed (no room: every sequence started over)
+        self.n_evicted = 0  # sequences evicted to make room for a pass
+        self.n_failures = 0  # passes that failed even so (every sequence started over)
+
+    @property
+    def cells_used(self) -> int:
+        """The draft context's cells in use, as the drafter counts them."""
+        return self._cells.used
+
+    def retain(self, live: Mapping[int, object]) -> None:
+        """Mark the sequences whose request left their slot as prefixes only (their
+        draft cells freed); ``live`` maps each busy slot to its request."""
+        for seq in list(self._seqs.values()):
+            if seq.owner is not None and live.get(seq.seq_id) is not seq.owner:
+                seq.owner = None
+                if seq.fed:
+                    self._trim(seq, len(seq.held))
+                seq.draft, seq.fed, seq.at, seq.stopped = [], 0, -1, False
 
     def propose(self, wants: Sequence[DraftWant]) -> list[Draft]:
         """Each want's draft: what the draft model says greedily, at most ``limit`` tokens."""
+        self._calls += 1
+        # Every sequence is settled (copied, trimmed) before the batch is written: a
+        # copy must only read cells that a finished pass wrote.
+        seqs = [self._sync(want) for want in wants]
         backend = self.backend
-        room = backend.n_batch
-        n = 0
-        rows: list[tuple[_Sequence, int, int]] = []  # (sequence, batch row, tokens wanted)
-        seqs: list[_Sequence | None] = []
-        for want in wants:
-            seq = self._sync(want)
-            seqs.append(seq)
-            if seq is None or seq.stopped or len(seq.draft) >= want.limit:
+        feeds: list[tuple[_Sequence, list[int], int]] = []  # (sequence, tokens it lacks, limit)
+        for want, seq in zip(wants, seqs, strict=True):
+            wanted = min(want.limit, self._own_limit(want))
+            if seq is None or seq.stopped or len(seq.draft) >= wanted:
                 continue
             # What the context lacks before the next token can be read: the request's
             # new tokens, or the draft's last token.
-            tokens = _tail(want, seq.synced) if not seq.draft else seq.draft[seq.fed :]
-            start = seq.synced + seq.fed
-            take = min(len(tokens), room)
+            tokens = _tail(want, len(seq.held)) if not seq.draft else seq.draft[seq.fed :]
+            if tokens:
+                feeds.append((seq, tokens, wanted))
+        n = 0
+        batch: list[_Sequence] = []
+        rows: list[tuple[_Sequence, int, int]] = []  # (sequence, batch row, tokens wanted)
+        shares = _fair_shares(feeds, backend.n_batch, self.chunk_size)
+        for (seq, tokens, wanted), take in zip(feeds, shares, strict=True):
             if take == 0:
                 continue
-            room -= take
+            start = len(seq.held) + seq.fed
             backend.tokens[n : n + take] = tokens[:take]
             backend.pos[n : n + take] = range(start, start + take)
-            backend.seq_ids[n : n + take] = want.seq_id
+            backend.seq_ids[n : n + take] = seq.seq_id
             backend.logits[n : n + take] = 0
             if seq.draft:
                 seq.fed += take
             else:
-                seq.synced += take
+                seq.held.extend(tokens[:take])
+            self._cells.grow(seq.cells, take)
+            batch.append(seq)
             if take == len(tokens):
                 backend.logits[n + take - 1] = 1
-                rows.append((seq, n + take - 1, want.limit))
+                rows.append((seq, n + take - 1, wanted))
             n += take
         while n:
-            if not self._decode(n):
+            if not self._decode(n, batch):
                 return [_NONE] * len(wants)
             n = 0
             going = []
@@ -114,70 +211,174 @@ class ModelDrafter(Drafter):
                     seq.stopped = True
                 elif len(seq.draft) < wanted:
                     going.append((seq, wanted))
-            rows = []
+            rows, batch = [], []
             for row, (seq, wanted) in enumerate(going):
                 backend.tokens[row] = seq.draft[-1]
-                backend.pos[row] = seq.synced + seq.fed
+                backend.pos[row] = len(seq.held) + seq.fed
                 backend.seq_ids[row] = seq.seq_id
                 backend.logits[row] = 1
                 seq.fed += 1
+                self._cells.grow(seq.cells, 1)
+                batch.append(seq)
                 rows.append((seq, row, wanted))
             n = len(rows)
-        return [_NONE if s is None else Draft(s.draft[: w.limit]) for s, w in zip(seqs, wants, strict=True)]
+        return [self._draft(s, w) for s, w in zip(seqs, wants, strict=True)]
+
+    def _own_limit(self, want: DraftWant) -> int:
+        """The most draft tokens the draft model may make for ``want``: its last fed
+        draft token stays below ``n_pos``."""
+        return self.n_pos - (len(want.prompt) + len(want.generated)) + 1
+
+    def _draft(self, seq: _Sequence | None, want: DraftWant) -> Draft:
+        if seq is None:
+            return _NONE
+        # Its room: what a later call this tick could make of it (the engine plans no more).
+        room = len(seq.draft) if seq.stopped else self._own_limit(want)
+        return Draft(seq.draft[: want.limit], room=room)
 
     def _sync(self, want: DraftWant) -> _Sequence | None:
         """The slot's sequence, trimmed to what its request's tokens still agree with;
         None (and the sequence dropped) when the request cannot draft."""
         seq = self._seqs.get(want.seq_id)
         known = len(want.prompt) + len(want.generated)
-        if known + 1 > self.n_ctx_slot:  # past the slot's positions: it shifted
+        if known + 1 > self.n_ctx_slot or self._own_limit(want) < 1:  # shifted, or past n_pos
             if seq is not None:
-                self._drop(want.seq_id)
+                self._drop(seq)
             return None
-        if seq is None or seq.owner is not want.owner or seq.synced > known:
-            if seq is not None:
-                self.backend.seq_clear(want.seq_id)
-            seq = self._seqs[want.seq_id] = _Sequence(want.seq_id, want.owner)
+        if seq is None or seq.owner is not want.owner or len(seq.held) > known:
+            seq = self._adopt(want, seq)
+        seq.t_used = self._calls
         if seq.at == known:  # the same tick: extend the draft
             return seq
         if seq.draft:  # an earlier tick's draft: keep the fed tokens the request went on with
-            new = _tail(want, seq.synced)
+            new = _tail(want, len(seq.held))
             agree = 0
             for a, b in zip(seq.draft[: seq.fed], new, strict=False):
                 if a != b:
                     break
                 agree += 1
-            if agree < seq.fed:
-                self.backend.seq_trim(want.seq_id, seq.synced + agree)
-            seq.synced += agree
+            if agree < seq.fed and not self._trim(seq, len(seq.held) + agree):
+                agree = 0
+            seq.held.extend(new[:agree])
         seq.draft, seq.fed, seq.stopped, seq.at = [], 0, False, known
-        if seq.synced >= known:  # the last token was fed already: feed it again for its logits
-            self.backend.seq_trim(want.seq_id, known - 1)
-            seq.synced = known - 1
+        if len(seq.held) >= known:  # the last token was fed already: feed it again for its logits
+            self._trim(seq, known - 1)
         return seq
 
-    def _decode(self, n: int) -> bool:
-        """Run the draft model on the first ``n`` batch rows; on any failure (no KV room:
-        the draft context holds stale sequences) forget every sequence and draft nothing
-        this tick."""
+    def _adopt(self, want: DraftWant, old: _Sequence | None) -> _Sequence:
+        """A sequence for a request new to its slot, holding the longest prefix of its
+        tokens that any sequence holds: the slot's own (a session's next turn keeps the
+        conversation so far) or another's, copied (the cells are shared, not written)."""
+        tokens = list(want.prompt) + list(want.generated)
+        best, n_best = old, 0 if old is None else _common_prefix(old.held, tokens)
+        for other in self._seqs.values():
+            if other is not old:
+                n = _common_prefix(other.held, tokens)
+                if n > n_best:
+                    best, n_best = other, n
+        if best is old and old is not None:
+            if not self._trim(old, n_best):
+                n_best = 0
+            seq = _Sequence(want.seq_id, want.owner, tokens[:n_best], old.cells)
+        else:
+            if old is not None:
+                self._clear(old)
+            else:
+                self.backend.seq_clear(want.seq_id)
+            cells: list[int] = []
+            if best is not None and n_best:
+                cells = self._cells.share(best.cells[:n_best])
+                self.backend.seq_copy(best.seq_id, want.seq_id, 0, n_best)
+            seq = _Sequence(want.seq_id, want.owner, tokens[: len(cells)], cells)
+        self._seqs[want.seq_id] = seq
+        return seq
+
+    def _trim(self, seq: _Sequence, keep: int) -> bool:
+        """Keep ``seq``'s first ``keep`` positions (its fed draft tokens go too); when
+        llama.cpp refuses, the sequence is cleared and starts over (False)."""
+        if self.backend.seq_trim(seq.seq_id, keep):
+            del seq.held[keep:]
+            seq.fed = min(seq.fed, max(0, keep - len(seq.held)))
+            self._cells.cut(seq.cells, keep)
+            return True
+        _log.warning("the draft context refused to trim sequence %d: it starts over", seq.seq_id)
+        self._clear(seq)
+        return False
+
+    def _clear(self, seq: _Sequence) -> None:
+        self.backend.seq_clear(seq.seq_id)
+        self._cells.cut(seq.cells, 0)
+        seq.held, seq.draft, seq.fed = [], [], 0
+
+    def _decode(self, n: int, batch: list[_Sequence]) -> bool:
+        """Run the draft model on the first ``n`` batch rows (their cells counted
+        already), first evicting what it would not fit beside; should llama.cpp find no
+        room even so, evict ``n`` cells' worth more and try once more. On any other
+        failure, or a second, forget every sequence and draft nothing this tick."""
+        keep = {seq.seq_id for seq in batch}
+        over = self._cells.used - self.backend.n_ctx
+        if over > 0:
+            self._evict(over, keep)
         self.n_passes += 1
         code = self.backend.decode(0, n)
+        if code == _NO_KV_SPACE and self._evict(n, keep):
+            self.n_passes += 1
+            code = self.backend.decode(0, n)
         if code == 0:
             return True
         self.n_failures += 1
         _log.warning("draft model decode returned %d: its %d sequences start over", code, len(self._seqs))
-        for seq_id in list(self._seqs):
-            self._drop(seq_id)
+        for seq in list(self._seqs.values()):
+            self._drop(seq)
         return False
 
-    def _drop(self, seq_id: int) -> None:
-        self.backend.seq_clear(seq_id)
-        del self._seqs[seq_id]
+    def _evict(self, need: int, keep: set[int]) -> int:
+        """Drop sequences not in ``keep``, those whose request left first, then the least
+        recently used, until ``need`` cells are freed; how many were dropped. Cells
+        another sequence holds too free nothing."""
+        freed = dropped = 0
+        victims = sorted(
+            (s for s in self._seqs.values() if s.seq_id not in keep),
+            key=lambda s: (s.owner is not None, s.t_used),
+        )
+        for seq in victims:
+            if freed >= need:
+                break
+            freed += self._cells.private(seq.cells)
+            self._drop(seq)
+            dropped += 1
+        self.n_evicted += dropped
+        return dropped
+
+    def _drop(self, seq: _Sequence) -> None:
+        self._clear(seq)
+        del self._seqs[seq.seq_id]
 
     def close(self) -> None:
         """Free the draft model (engine thread, once)."""
         self._seqs.clear()
         self.backend.close()
+
+
+def _fair_shares(feeds: Sequence[tuple[object, list[int], int]], n_rows: int, cap: int) -> list[int]:
+    """How many of its tokens each feed gets into a pass of ``n_rows`` rows: at most
+    ``cap``, and the rows shared max-min fairly (the smallest needs served whole first,
+    so a long prompt takes only what the others leave)."""
+    takes = [0] * len(feeds)
+    order = sorted(range(len(feeds)), key=lambda i: len(feeds[i][1]))
+    left = n_rows
+    for rank, i in enumerate(order):
+        take = min(len(feeds[i][1]), cap, left // (len(order) - rank))
+        takes[i] = take
+        left -= take
+    return takes
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists (``_slots`` sits above)."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
 
 
 def _tail(want: DraftWant, start: int) -> list[int]:

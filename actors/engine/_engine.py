@@ -101,6 +101,8 @@ class Engine(Admission):
         # PROBE_EVERY ticks (its first tokens are checked for free, as shadows), so a
         # busy engine does not pay a draft pass a tick for nothing.
         probe = not costly or self.draft_idle == 0 or self.n_ticks % PROBE_EVERY == 0
+        # What the drafter holds for requests that left (ended, failed, preempted) may go.
+        self.drafter.retain({seq_id: slot.request for seq_id, slot in busy.items()})
         wants, slots = [], []
         for slot in busy.values():
             slot.draft, slot.draft_room, slot.want = [], 0, None
@@ -125,7 +127,10 @@ class Engine(Admission):
             for slot, draft in zip(slots, self.drafter.propose(wants), strict=True):
                 slot.draft, slot.draft_kind = draft.tokens, draft.kind
                 if costly and draft.tokens and slot.want is not None:
-                    slot.draft_room = slot.want.limit
+                    # A draft that cannot grow (its first token an end of generation,
+                    # say): the plan must not count on tokens it will never get.
+                    room = slot.want.limit
+                    slot.draft_room = room if draft.room is None else min(room, draft.room)
 
     def _extend_drafts(self, plan: BatchPlan, busy: dict[int, Slot]) -> BatchPlan:
         """A costly drafter's drafts made as long as ``plan`` verifies; the plan cut to

@@ -9,7 +9,7 @@ the forward pass verifies them in the tick's one batch (``ForwardPass._verify``)
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from strategies import DecodeCost
@@ -41,10 +41,14 @@ class DraftWant:
 class Draft:
     """Proposed tokens, and what kind of evidence made them (the n-gram drafter: the
     size of the match): a request's acceptance is learned per kind, as a 4-token match
-    says more than a 2-token one."""
+    says more than a 2-token one. ``room``: the most tokens a later call in the same
+    tick could make it, asked for more (None: as many as asked); a costly drafter's
+    draft that ended at an end of generation or an unsure token has no more than its
+    own tokens, so the plan must not count on more."""
 
     tokens: list[int]
     kind: int = 0
+    room: int | None = None
 
 
 _NONE = Draft([])
@@ -64,6 +68,10 @@ class Drafter(abc.ABC):
     @abc.abstractmethod
     def propose(self, wants: Sequence[DraftWant]) -> list[Draft]:
         """A draft for each want, in order: at most its ``limit`` tokens, maybe none."""
+
+    def retain(self, live: Mapping[int, object]) -> None:  # noqa: B027 (a drafter with state overrides it)
+        """Called each tick before ``propose`` with each busy slot's request (seq_id to
+        owner): what the drafter keeps for any other request may go."""
 
     def close(self) -> None:  # noqa: B027 (a drafter with resources overrides it)
         """Free what the drafter holds."""
@@ -118,6 +126,12 @@ class NgramDrafter(Drafter):
             raise ValueError("n-gram sizes must be >= 1")
         self.sizes = tuple(sorted(set(sizes), reverse=True))
         self._histories: dict[int, _History] = {}
+
+    def retain(self, live: Mapping[int, object]) -> None:
+        """Forget the histories of requests that left their slots."""
+        gone = [seq_id for seq_id, h in self._histories.items() if live.get(seq_id) is not h.owner]
+        for seq_id in gone:
+            del self._histories[seq_id]
 
     def propose(self, wants: Sequence[DraftWant]) -> list[Draft]:
         """Each want's draft (see the class); its kind is the size of the match."""

@@ -115,7 +115,9 @@ class EngineState:
             self.drafter = NgramDrafter()
         elif config.spec_type == "draft":
             assert draft_backend is not None
-            self.drafter = ModelDrafter(draft_backend, self.n_ctx_slot, config.draft_p_min)
+            self.drafter = ModelDrafter(
+                draft_backend, self.n_ctx_slot, config.draft_p_min, chunk_size=config.chunk_size
+            )
         self.cost = CostModel()
         self.draft_idle = 0  # ticks since a costly drafter's drafts were last verified
         self.draft_tokens = 0
