@@ -7,6 +7,7 @@ Schema checks that messages run live here too, pure Python, without llama.cpp).
 
 from __future__ import annotations
 
+from actors.contract._embed import Embed, Embeddings
 from actors.contract._errors import (
     ConfigError,
     DecodeError,
@@ -53,6 +54,8 @@ __all__ = [
     "DecodeError",
     "Done",
     "Drain",
+    "Embed",
+    "Embeddings",
     "EngineError",
     "EngineStopped",
     "Failed",

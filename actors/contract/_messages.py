@@ -35,6 +35,7 @@ from actors.contract._checks import (
     _require,
     _show,
 )
+from actors.contract._embed import Embed
 
 if TYPE_CHECKING:
     import pykka
@@ -420,13 +421,13 @@ class Drain:
 
 @dataclass(frozen=True, slots=True)
 class _Submit:
-    """Admit ``message`` (Generate, GenerateTokens or Chat) and complete ``future``.
+    """Admit ``message`` (Generate, GenerateTokens, Chat or Embed) and complete ``future``.
 
     Internal: a ``ServerPool`` passes the future it hands to its caller, so it learns
     when the request ends without a thread per request. ``ask`` answers None once admitted.
     """
 
-    message: SubmitMessage
+    message: SubmitMessage | Embed
     future: pykka.ThreadingFuture[object]
 
 
