@@ -74,6 +74,15 @@ def llama_cpp_version() -> str:
     return str(_lc.__version__)
 
 
+EMBED_LANES = 32
+"""Sequences a context keeps beside its slots' for embedding texts, at most."""
+_MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
+_POOLINGS = {
+    _lc.LLAMA_POOLING_TYPE_MEAN: "mean",
+    _lc.LLAMA_POOLING_TYPE_CLS: "cls",
+    _lc.LLAMA_POOLING_TYPE_LAST: "last",
+}
+
 _FLASH_ATTN = {
     None: _lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
     True: _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -151,7 +160,19 @@ class LlamaBackend:
         context_params.n_ctx = options.n_ctx
         context_params.n_batch = options.n_batch
         context_params.n_ubatch = options.n_ubatch
-        context_params.n_seq_max = options.n_parallel
+        # The slots' sequences, then lanes for embeddings (up to EMBED_LANES, within
+        # LLAMA_MAX_SEQ and n_batch: llama.cpp reserves one output per sequence and
+        # aborts when they outnumber the batch). Only sequence ids below n_seq_max may
+        # enter a batch (-1 otherwise), unified KV or not.
+        n_batch = min(options.n_batch, options.n_ctx)  # llama.cpp clamps it so
+        lanes = max(0, min(EMBED_LANES, _MAX_SEQ - options.n_parallel, n_batch - options.n_parallel))
+        context_params.n_seq_max = options.n_parallel + lanes
+        self.pooling: str | None = self._model_pooling()
+        if self.pooling is not None:
+            # Per-token embeddings whatever the metadata says: every pooling is then done
+            # in numpy, on this one context (actors.engine._embedding). A causal LM names
+            # no pooling, and its context has none already.
+            context_params.pooling_type = _lc.LLAMA_POOLING_TYPE_NONE
         context_params.n_threads = options.n_threads
         context_params.n_threads_batch = options.n_threads_batch
         # One KV buffer shared by all sequences: a prompt fits when it fits n_ctx.
@@ -172,7 +193,11 @@ class LlamaBackend:
         self.n_vocab: int = _lc.llama_vocab_n_tokens(self._vocab)
         self.n_ctx: int = _lc.llama_n_ctx(self._ctx)
         self.n_batch: int = _lc.llama_n_batch(self._ctx)
-        self.n_seq_max: int = _lc.llama_n_seq_max(self._ctx)
+        self.n_seq_max: int = options.n_parallel
+        self.embed_seq_ids: tuple[int, ...] = tuple(range(options.n_parallel, _lc.llama_n_seq_max(self._ctx)))
+        self.n_embd: int = _lc.llama_model_n_embd(self._model)
+        if _lc.llama_pooling_type(self._ctx) != _lc.LLAMA_POOLING_TYPE_NONE:
+            self.embed_seq_ids = ()  # pooled in llama.cpp: no per-token rows to pool here
         self.n_ctx_train: int = _lc.llama_model_n_ctx_train(self._model)
         self._bos: int = _lc.llama_vocab_bos(self._vocab)
         self._add_bos: bool = bool(_lc.llama_vocab_get_add_bos(self._vocab)) and self._bos != -1
@@ -194,6 +219,22 @@ class LlamaBackend:
         self._candidates = _candidates(self.n_vocab)
         self._one = _candidates(1)
         self._init_batch(self.n_batch)
+
+    def _model_pooling(self) -> str | None:
+        """The pooling the GGUF metadata names (``<arch>.pooling_type``), when it is one
+        of mean, cls and last; None otherwise (a causal LM names none)."""
+        buf = ctypes.create_string_buffer(256)
+        n = _lc.llama_model_meta_val_str(self._model, b"general.architecture", buf, len(buf))
+        if n <= 0:
+            return None
+        key = buf.value + b".pooling_type"
+        n = _lc.llama_model_meta_val_str(self._model, key, buf, len(buf))
+        if n <= 0:
+            return None
+        try:
+            return _POOLINGS.get(int(buf.value.decode()))
+        except ValueError:
+            return None
 
     def _special_texts(self) -> dict[str, int]:
         """The text of every token that tokenizing with ``parse_special`` matches, to its id."""
@@ -352,6 +393,27 @@ class LlamaBackend:
         batch = self._batch if start == 0 else self._batch_view(start)
         batch.n_tokens = end - start
         return int(_lc.llama_decode(self._ctx, batch))
+
+    def decode_embeddings(self, n_rows: int) -> tuple[int, npt.NDArray[np.float32] | None]:
+        """``llama_decode`` of batch rows ``[0, n_rows)`` with embeddings on; its code and,
+        when 0, a copy of every row's embedding, shape ``(n_rows, n_embd)``.
+
+        Every row must ask for output (with embeddings on llama.cpp outputs them all
+        anyway, and logs a warning per row that did not ask). Outputs come back in batch
+        order. Embeddings are off again on return: the next generation pass computes
+        logits only where asked.
+        """
+        _lc.llama_set_embeddings(self._ctx, True)
+        try:
+            code = self.decode(0, n_rows)
+            if code != 0:
+                return code, None
+            pointer = _lc.llama_get_embeddings(self._ctx)
+            if not pointer:
+                return -1, None
+            return code, np.ctypeslib.as_array(pointer, shape=(n_rows, self.n_embd)).copy()
+        finally:
+            _lc.llama_set_embeddings(self._ctx, False)
 
     # -- sampling ----------------------------------------------------------------
 
