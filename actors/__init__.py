@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from actors.actor import ServerActor, Supervisor
+from actors.actor import MemoryEstimate, ServerActor, Supervisor, estimate_memory
 from actors.backend import Tokenizer, default_model_path
 from actors.client import (
     achat,
@@ -38,6 +38,7 @@ from actors.contract import (
     GetStats,
     GetTokenizer,
     InvalidRequest,
+    MemoryBudgetExceeded,
     ModelLoadError,
     Progress,
     PromptTooLong,
@@ -54,7 +55,7 @@ from actors.contract import (
     TokenLogprob,
     TopLogprob,
 )
-from actors.scale import ServerPool
+from actors.scale import ModelHandle, ModelManager, ServerPool
 
 __version__ = "0.1.0"
 
@@ -75,7 +76,11 @@ __all__ = [
     "GetStats",
     "GetTokenizer",
     "InvalidRequest",
+    "MemoryBudgetExceeded",
+    "MemoryEstimate",
+    "ModelHandle",
     "ModelLoadError",
+    "ModelManager",
     "Progress",
     "PromptTooLong",
     "QueueFull",
@@ -102,6 +107,8 @@ __all__ = [
     "astream_events",
     "chat",
     "default_model_path",
+    "estimate_memory",
+    "embed",
     "generate",
     "stream",
     "stream_chat",

@@ -36,8 +36,15 @@ signal                 measurements                                  metadata
 ``ram_cache``          ``tokens``, ``bytes`` (of the entry),         ``event`` (``save``,
                        ``entries``, ``bytes_used`` (of the cache)    ``restore``, ``evict``),
                                                                      ``scope``
-``model_load``         ``progress`` (0..1), ``load_ms`` (None until   ``model_path``
-                       the engine is ready)
+``model_load``         ``progress`` (0..1), ``load_ms`` (None until   ``model_path``, and
+                       the engine is ready)                          ``replica`` for a named
+                                                                     engine (a model's name)
+``model_unload``       ``loaded_ms`` (how long it was loaded),       ``model``, ``model_path``,
+                       ``memory_mb`` (its estimate)                  ``reason`` (``idle``,
+                                                                     ``evicted``, ``unloaded``,
+                                                                     ``unregistered``,
+                                                                     ``failed``, ``stopped``;
+                                                                     sender: the ModelManager)
 ``server_restart``     ``restarts`` (so far), ``backoff_ms``         ``reason`` (sender: the
                                                                      ``Supervisor``)
 =====================  ============================================  =======================
@@ -66,6 +73,7 @@ __all__ = [
     "emit",
     "kv_pressure",
     "model_load",
+    "model_unload",
     "ram_cache",
     "request_done",
     "request_exception",
@@ -103,6 +111,10 @@ kv_pressure = NAMESPACE.signal(
 model_load = NAMESPACE.signal(
     "llama_cpp_actors.server.model_load",
     doc="Model-load progress from llama.cpp, then the load time once the engine is ready.",
+)
+model_unload = NAMESPACE.signal(
+    "llama_cpp_actors.manager.model_unload",
+    doc="A ModelManager unloaded a model: idle past its keep_alive, evicted for room, unloaded or stopped.",
 )
 server_restart = NAMESPACE.signal(
     "llama_cpp_actors.server.restart",

@@ -1,5 +1,6 @@
 """The actor: ``ServerActor`` owns one engine in its pykka thread, ``EngineRef`` prepares
-requests in the caller's thread, and ``Supervisor`` restarts a crashed engine.
+requests in the caller's thread, ``Supervisor`` restarts a crashed engine, and
+``estimate_memory`` says what an engine will hold before its model loads.
 
 It imports the engine core, the backend and the request contract (and ``strategies``,
 ``telemetry``); never the caller side or scale-out.
@@ -7,7 +8,8 @@ It imports the engine core, the backend and the request contract (and ``strategi
 
 from __future__ import annotations
 
+from actors.actor._estimate import MemoryEstimate, estimate_memory
 from actors.actor._server import ServerActor
 from actors.actor._supervisor import Supervisor
 
-__all__ = ["ServerActor", "Supervisor"]
+__all__ = ["MemoryEstimate", "ServerActor", "Supervisor", "estimate_memory"]

@@ -10,6 +10,7 @@
     ├── QueueFull                    every slot is busy and ``max_queue`` requests wait
     ├── ConfigError (ValueError)     a bad option to ``ServerActor.start()``
     ├── ModelLoadError               the model file is missing, unreadable or not a model
+    │   └── MemoryBudgetExceeded     a ModelManager cannot fit the model in its budget
     ├── StrategyError                a batch strategy raised or returned an invalid plan
     ├── DecodeError                  ``llama_decode`` failed for this request
     ├── EngineStopped                the engine stopped (or died) with the request pending
@@ -27,6 +28,7 @@ __all__ = [
     "EngineError",
     "EngineStopped",
     "InvalidRequest",
+    "MemoryBudgetExceeded",
     "ModelLoadError",
     "PromptTooLong",
     "QueueFull",
@@ -71,6 +73,26 @@ class ConfigError(EngineError, ValueError):
 
 class ModelLoadError(EngineError):
     """The model could not be found or loaded."""
+
+
+class MemoryBudgetExceeded(ModelLoadError):
+    """A ``ModelManager`` cannot load the model within its memory budget, even after
+    unloading every idle model.
+
+    Attributes:
+        needed_mb: the model's estimated host memory, in MiB.
+        budget_mb: the manager's budget.
+        held_mb: what the models it could not unload hold (in use or pinned).
+    """
+
+    def __init__(self, message: str, needed_mb: float, budget_mb: float, held_mb: float) -> None:
+        super().__init__(message)
+        self.needed_mb = needed_mb
+        self.budget_mb = budget_mb
+        self.held_mb = held_mb
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.needed_mb, self.budget_mb, self.held_mb))
 
 
 class StrategyError(EngineError):

@@ -164,6 +164,8 @@ class _RequestMessage:
     deadline_s: float | None = None
     priority: int = 0
     speculate: bool = True
+    model: str | None = None
+    """The model to run it: a ``ModelManager`` routes by it; a single engine ignores it."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable (a ServerPool sends requests to Ray replicas): frozen mappings are
@@ -206,7 +208,7 @@ class _RequestMessage:
             _is_int(self.n) and 1 <= self.n <= MAX_CHOICES,
             f"n (completions of the prompt) must be an int from 1 to {MAX_CHOICES}, got {_show(self.n)}",
         )
-        for name in ("cache_scope", "session"):
+        for name in ("cache_scope", "session", "model"):
             value = getattr(self, name)
             if value is not None:
                 self._set(name, _checked_text(name, value, MAX_ID_LENGTH))

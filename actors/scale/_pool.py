@@ -91,6 +91,7 @@ class ServerPool:
         ray_actor_options: dict[str, Any] | None = None,
         affinity_min_blocks: int = 8,
         affinity_slack: int | None = None,
+        name: str | None = None,
         **server_options: Any,
     ) -> ServerPool:
         """Start ``replicas`` engines with ``server_options`` (``ServerActor.start``'s).
@@ -111,6 +112,9 @@ class ServerPool:
                 blocks of 16 characters (4 tokens for token prompts): 128 characters.
             affinity_slack: how many more requests than the least loaded replica an
                 affine replica may carry; ``max(1, n_parallel // 2)`` by default.
+            name: the pool's name (a ``ModelManager`` gives its model's): its replicas are
+                ``name`` (one replica) or ``name-0``, ``name-1``, ... in telemetry's
+                ``metadata["replica"]``; ``replica-0``, ``replica-1``, ... without one.
 
         Raises:
             ConfigError: bad pool or server options (checked before anything starts).
@@ -119,9 +123,12 @@ class ServerPool:
             raise ConfigError(f"replicas must be an int >= 1, got {replicas!r}")
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
             raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-        if "name" in server_options:
-            raise ConfigError("a pool names its replicas itself; do not pass name")
-        names = [f"replica-{i}" for i in range(replicas)]
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(f"name must be a non-empty str or None, got {name!r}")
+        if name is not None and replicas == 1:
+            names = [name]
+        else:
+            names = [f"{name or 'replica'}-{i}" for i in range(replicas)]
         router = Router(
             names,
             capacity=server_options.get("n_parallel", 4),
@@ -164,6 +171,10 @@ class ServerPool:
     def up(self) -> tuple[str, ...]:
         """The replicas that take requests now."""
         return tuple(name for name, r in self._replicas.items() if r.up())
+
+    def gave_up(self) -> bool:
+        """True when no replica will take requests again (their restarts ran out)."""
+        return all(replica.gave_up() for replica in self._replicas.values())
 
     def is_alive(self) -> bool:
         """True until :meth:`stop`: each request in flight gets an outcome even if its replica dies."""

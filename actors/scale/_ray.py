@@ -221,6 +221,9 @@ class RayReplica:
     def up(self) -> bool:
         return self._down is None and not self._stopped
 
+    def gave_up(self) -> bool:
+        return self._stopped  # Ray restarts a dead replica's process itself
+
     def _died(self, error: BaseException) -> None:
         """The outbox broke: the replica died. Only the outbox reader calls this (a call's
         own Ray error may be transient), so one reader at a time ever runs. Marks the

@@ -47,7 +47,10 @@ class Replica(Protocol):
     def up(self) -> bool:
         """True when it can take requests now (never waits)."""
 
-    def submit(self, message: SubmitMessage, future: Tracked, timeout: float | None) -> None:
+    def gave_up(self) -> bool:
+        """True when it will never take requests again (its restarts ran out)."""
+
+    def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
         """Admit ``message``; ``future`` gets its Completion or error. ReplicaDown if down.
 
         Waits at most ``timeout`` for the admission; then cancels it and raises
@@ -157,7 +160,10 @@ class LocalReplica:
     def up(self) -> bool:
         return self.supervisor.current() is not None
 
-    def submit(self, message: SubmitMessage, future: Tracked, timeout: float | None) -> None:
+    def gave_up(self) -> bool:
+        return self.supervisor.gave_up is not None
+
+    def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
         ref = self._ref()
         # Not a blocking ask: an engine in a long (or stuck) tick answers only after it.
         admitted = ref.ask(_Submit(message, future), block=False)

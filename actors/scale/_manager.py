@@ -1,0 +1,398 @@
+"""``ModelManager``: several named models in one process, loaded on demand under a
+memory budget (ollama's scheduler and LlamaCppEx's ``ModelManager``, as a pykka actor).
+
+Each registered model becomes an engine only when a request needs it (or at once, for
+``load="eager"``): a one-replica ``ServerPool`` whose ``ServerActor`` loads the model in
+its own thread, so a load never blocks the manager or the other models. Requests for
+a model that is loading wait in its engine's inbox, each under its own timeout.
+
+Before a load, the model's host memory is estimated from its GGUF header
+(:mod:`actors.actor._estimate`). A load that would pass the budget first unloads idle
+models, least recently used first; a model with requests in flight, or ``pinned``,
+is never unloaded for room. If it still cannot fit, the request fails with
+``MemoryBudgetExceeded`` naming the numbers. A model idle for its ``keep_alive_s``
+unloads (ollama's ``keep_alive``).
+
+Threads: the manager's state lives in ``ManagerActor`` and changes only in its thread;
+the ``ModelManager`` handle's methods run in callers' threads. A request leases its
+model from the actor (which loads it if needed), is routed to the model's pool from the
+caller's thread, and the lease ends once the pool counts it as in flight: a model is
+unloaded only when it has neither leases nor requests in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import pykka
+
+from actors.actor._estimate import MemoryEstimate, estimate_options
+from actors.actor._options import check_options
+from actors.contract._checks import MAX_ID_LENGTH, _checked_text
+from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, RequestTimeout
+from actors.contract._messages import Cancel, Drain, GetInfo, GetStats, GetTokenizer, _CancelExact
+from actors.scale._pool import ServerPool
+from actors.scale._registry import (
+    Acquire,
+    ManagerActor,
+    Model,
+    Register,
+    Release,
+    Snapshot,
+    Unload,
+    Unregister,
+    in_flight,
+    listed,
+    machine_memory_mb,
+    tell_quietly,
+)
+
+__all__ = ["ModelHandle", "ModelManager"]
+
+_DEFAULT_KEEP_ALIVE_S = 300.0
+_STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
+_CONTROL = (Cancel, _CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
+
+
+def _checked_name(name: object) -> str:
+    try:
+        checked = _checked_text("a model name", name, MAX_ID_LENGTH)
+    except InvalidRequest as e:
+        raise ConfigError(str(e)) from None
+    if not checked:
+        raise ConfigError("a model name must be a non-empty str")
+    return checked
+
+
+def _checked_keep_alive(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise ConfigError(f"keep_alive_s must be a number of seconds >= 0, or None (never), got {value!r}")
+    return float(value)
+
+
+class ModelManager:
+    """Named models behind one handle, loaded on demand under a memory budget.
+
+    Start it with :meth:`start`; send it the messages a ServerActor takes (their
+    ``model`` field names the model) or pass it to any helper (``generate(manager,
+    ..., model="chat")``). Every method runs in the caller's thread.
+    """
+
+    def __init__(self, budget_mb: float, default: str | None) -> None:
+        self._stopped = False
+        self._actor: pykka.ActorRef[Any] = ManagerActor.start(budget_mb, default, self)
+
+    @classmethod
+    def start(
+        cls,
+        models: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        memory_budget_mb: float | None = None,
+        default: str | None = None,
+    ) -> ModelManager:
+        """Start a manager and register ``models`` (``{name: register's keywords}``).
+
+        Args:
+            models: the models to register at once, by name; each value holds
+                :meth:`register`'s keywords (server options, ``keep_alive_s``,
+                ``pinned``, ``load``, ``replicas``).
+            memory_budget_mb: host memory the loaded models may hold together, by their
+                estimates; None: 80% of the machine's memory.
+            default: the model a request without ``model`` goes to; without it, such a
+                request needs the manager to hold exactly one model.
+
+        Raises:
+            ConfigError: a bad option or model; MemoryBudgetExceeded: an eager model
+                that cannot fit. Nothing stays started.
+        """
+        if memory_budget_mb is None:
+            budget = 0.8 * machine_memory_mb()
+        elif (
+            isinstance(memory_budget_mb, bool)
+            or not isinstance(memory_budget_mb, int | float)
+            or not 0 < memory_budget_mb < float("inf")
+        ):
+            raise ConfigError(f"memory_budget_mb must be a number of MiB > 0, got {memory_budget_mb!r}")
+        else:
+            budget = float(memory_budget_mb)
+        if default is not None:
+            default = _checked_name(default)
+        if models is not None and not isinstance(models, Mapping):
+            raise ConfigError("models must be a dict of {name: options}")
+        manager = cls(budget, default)
+        try:
+            for name, options in (models or {}).items():
+                if not isinstance(options, Mapping):
+                    raise ConfigError(f"model {name!r}: its options must be a dict, got {options!r}")
+                manager.register(name, **options)
+            if default is not None and default not in manager.models():
+                raise ConfigError(f"default {default!r} is not one of the models: {listed(models or ())}")
+        except BaseException:
+            manager.stop()
+            raise
+        return manager
+
+    # -- the registry (callers' threads) ---------------------------------------------------
+
+    def register(
+        self,
+        name: str,
+        *,
+        keep_alive_s: float | None = _DEFAULT_KEEP_ALIVE_S,
+        pinned: bool = False,
+        load: Literal["lazy", "eager"] = "lazy",
+        replicas: int = 1,
+        **server_options: Any,
+    ) -> None:
+        """Add a model: ``server_options`` are ``ServerActor.start``'s, checked now.
+
+        Args:
+            name: what requests call it (their ``model``).
+            keep_alive_s: idle seconds before it unloads; None: never for idleness.
+            pinned: never unloaded, for idleness or for room.
+            load: ``"lazy"`` (at its first request) or ``"eager"`` (now).
+            replicas: engines serving it (a ``ServerPool``'s replicas).
+
+        Raises:
+            ConfigError: a bad option, or the name is taken. ModelLoadError: the file is
+                missing or not a GGUF. MemoryBudgetExceeded: it can never fit, or (eager)
+                cannot fit now.
+        """
+        self._check_running()
+        name = _checked_name(name)
+        if not isinstance(pinned, bool):
+            raise ConfigError(f"pinned must be a bool, got {pinned!r}")
+        if load not in ("lazy", "eager"):
+            raise ConfigError(f"load must be 'lazy' or 'eager', got {load!r}")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 64:
+            raise ConfigError(f"replicas must be an int from 1 to 64, got {replicas!r}")
+        if "name" in server_options:
+            raise ConfigError("a managed engine is named after its model; do not pass name")
+        estimate = estimate_options(check_options(**server_options))
+        model = Model(
+            name=name,
+            options=dict(server_options),
+            estimate=_times(estimate, replicas),
+            keep_alive_s=_checked_keep_alive(keep_alive_s),
+            pinned=pinned,
+            replicas=replicas,
+        )
+        self._call(Register(model, load == "eager"))
+
+    def unregister(self, name: str) -> None:
+        """Remove a model; its engine stops, requests in flight fail with ``EngineStopped``."""
+        self._check_running()
+        self._call(Unregister(name))
+
+    def unload(self, name: str) -> None:
+        """Unload a model now (it loads again at its next request); as :meth:`unregister`
+        for its requests in flight."""
+        self._check_running()
+        self._call(Unload(name))
+
+    def load(self, name: str) -> None:
+        """Load a model now (if it is not): its engine starts and loads in its own thread.
+
+        Raises:
+            InvalidRequest: unknown model. MemoryBudgetExceeded: it cannot fit now.
+        """
+        self._check_running()
+        leased, _ = self._lease(name)
+        tell_quietly(self._actor, Release(leased))
+
+    def models(self) -> tuple[str, ...]:
+        """The registered models' names."""
+        self._check_running()
+        return tuple(self._call(Snapshot())["models"])
+
+    def engine(self, name: str) -> ModelHandle:
+        """A handle for one model: what a helper takes to reach it without ``model=``.
+
+        Raises:
+            InvalidRequest: unknown model.
+        """
+        models = self.models()
+        if name not in models:
+            raise InvalidRequest(
+                f"unknown model {name!r}: this manager serves {listed(dict.fromkeys(models))}"
+            )
+        return ModelHandle(self, name)
+
+    # -- the ActorRef-like surface (callers' threads) --------------------------------------
+
+    def is_alive(self) -> bool:
+        """True until :meth:`stop`."""
+        return not self._stopped and self._actor.is_alive()
+
+    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
+        """As ``ActorRef.ask``: a request goes to its ``model`` (loaded if needed) and is
+        answered as that model's engine answers it; ``GetStats`` gives every model's
+        state and its engine's stats; ``GetInfo`` and ``GetTokenizer`` are the default
+        model's; ``Drain`` drains every model, then stops the manager.
+        """
+        return self._ask(message, getattr(message, "model", None), block, timeout)
+
+    def tell(self, message: Any) -> None:
+        """As ``ActorRef.tell``: a stream goes to its ``model``; a ``Cancel`` reaches it."""
+        self._tell(message, getattr(message, "model", None))
+
+    def stop(self, block: bool = True, timeout: float | None = None) -> None:
+        """Unload every model and stop; requests in flight fail with ``EngineStopped``."""
+        self._stopped = True
+        with contextlib.suppress(pykka.ActorDeadError):
+            self._actor.stop(block=block, timeout=timeout)
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def _call(self, message: object) -> Any:
+        """The manager actor's answer (its errors raise here)."""
+        return self._actor.ask(message, block=True)
+
+    def _check_running(self) -> None:
+        if self._stopped or not self._actor.is_alive():
+            raise EngineStopped("the model manager was stopped")
+
+    def _lease(self, name: str | None) -> tuple[str, ServerPool]:
+        self._check_running()
+        try:
+            leased: tuple[str, ServerPool] = self._call(Acquire(name))
+        except pykka.ActorDeadError:
+            raise EngineStopped("the model manager was stopped") from None
+        return leased
+
+    def _ask(self, message: Any, name: str | None, block: bool, timeout: float | None) -> Any:
+        if isinstance(message, _CONTROL):
+            answer = self._control(message, name, timeout)
+            if block:
+                return answer
+            future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+            future.set(answer)
+            return future
+        leased, pool = self._lease(name)
+        try:
+            return pool.ask(message, block=block, timeout=timeout)
+        except EngineStopped as e:
+            raise EngineStopped(f"model {leased!r}: {e}") from None
+        finally:
+            tell_quietly(self._actor, Release(leased))
+
+    def _tell(self, message: Any, name: str | None) -> None:
+        if isinstance(message, _CONTROL):
+            self._control(message, name, None)
+            return
+        leased, pool = self._lease(name)
+        try:
+            pool.tell(message)
+        except EngineStopped as e:
+            raise EngineStopped(f"model {leased!r}: {e}") from None
+        finally:
+            tell_quietly(self._actor, Release(leased))
+
+    def _pools(self) -> dict[str, Any]:
+        self._check_running()
+        snapshot: dict[str, Any] = self._call(Snapshot())
+        return snapshot
+
+    def _control(self, message: Any, name: str | None, timeout: float | None) -> Any:
+        if isinstance(message, Cancel | _CancelExact):
+            # A cancel names no model: each loaded engine drops it unless it runs the request.
+            for info in self._pools()["models"].values():
+                pool = info["pool"]
+                if pool is not None:
+                    with contextlib.suppress(EngineStopped):
+                        pool.tell(message)
+            return None
+        if isinstance(message, GetStats):
+            return self._stats(timeout)
+        if isinstance(message, Drain):
+            return self._drain(message)
+        leased, pool = self._lease(name)  # GetInfo, GetTokenizer: the model's own
+        try:
+            return pool.ask(message, timeout=timeout)
+        finally:
+            tell_quietly(self._actor, Release(leased))
+
+    def _stats(self, timeout: float | None) -> dict[str, Any]:
+        snapshot = self._pools()
+        wait = _STATS_TIMEOUT_S if timeout is None else timeout
+        models: dict[str, Any] = {}
+        for name, info in snapshot["models"].items():
+            pool = info.pop("pool")
+            info["engine"], info["state"] = _engine_state(pool, wait)
+            info["in_flight"] = 0 if pool is None else in_flight(pool)
+            models[name] = info
+        snapshot["models"] = models
+        return snapshot
+
+    def _drain(self, message: Drain) -> int:
+        snapshot = self._pools()
+        unfinished = 0
+        for info in snapshot["models"].values():
+            pool = info["pool"]
+            if pool is not None:
+                with contextlib.suppress(EngineStopped):
+                    unfinished += int(pool.ask(message))
+        self.stop()
+        return unfinished
+
+
+def _engine_state(pool: ServerPool | None, wait: float) -> tuple[dict[str, Any] | None, str]:
+    """A model's engine stats (None unless ready) and state: ``unloaded``, ``loading``
+    (it answers once its model is loaded), ``ready``, ``restarting`` (after a crash) or
+    ``failed`` (its restarts ran out: the next request loads it again)."""
+    if pool is None:
+        return None, "unloaded"
+    if pool.gave_up():
+        return None, "failed"
+    try:
+        stats: dict[str, Any] = pool.ask(GetStats(), timeout=wait)
+    except (pykka.Timeout, RequestTimeout, EngineStopped):
+        return None, "loading" if pool.up() else "restarting"
+    return (stats, "ready") if stats.get("replicas_up") else (None, "restarting")
+
+
+def _times(estimate: MemoryEstimate, replicas: int) -> MemoryEstimate:
+    """The estimate of ``replicas`` engines of one model (each holds its own copy)."""
+    if replicas == 1:
+        return estimate
+    return dataclasses.replace(
+        estimate,
+        weights_mb=estimate.weights_mb * replicas,
+        kv_mb=estimate.kv_mb * replicas,
+        compute_mb=estimate.compute_mb * replicas,
+        overhead_mb=estimate.overhead_mb * replicas,
+        draft_mb=estimate.draft_mb * replicas,
+        ram_cache_mb=estimate.ram_cache_mb * replicas,
+    )
+
+
+class ModelHandle:
+    """One model of a :class:`ModelManager`: a request sent here without ``model`` goes
+    to this model (one naming another model is refused). Methods run in callers' threads."""
+
+    def __init__(self, manager: ModelManager, name: str) -> None:
+        self.manager = manager
+        self.name = name
+
+    def _model(self, message: Any) -> str:
+        named = getattr(message, "model", None)
+        if named is not None and named != self.name:
+            raise InvalidRequest(f"the request names model {named!r} but was sent to {self.name!r}")
+        return self.name
+
+    def is_alive(self) -> bool:
+        """True while the manager runs."""
+        return self.manager.is_alive()
+
+    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
+        """As :meth:`ModelManager.ask`, for this model."""
+        return self.manager._ask(message, self._model(message), block, timeout)
+
+    def tell(self, message: Any) -> None:
+        """As :meth:`ModelManager.tell`, for this model."""
+        self.manager._tell(message, self._model(message))
