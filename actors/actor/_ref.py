@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from actors.contract._embed import Embed
 from actors.contract._errors import EngineError
 from actors.contract._messages import (
     STREAMING,
@@ -31,6 +32,7 @@ from actors.contract._messages import (
     _CancelExact,
     _Submit,
 )
+from actors.engine._embedding import PreparedEmbed, prepare_embed
 from actors.engine._prepare import Prepared, prepare
 
 if TYPE_CHECKING:
@@ -66,8 +68,8 @@ class _Admit:
     future.
     """
 
-    message: RequestMessage
-    prepared: Prepared | None
+    message: RequestMessage | Embed
+    prepared: Prepared | PreparedEmbed | None
     error: EngineError | None
     future: pykka.ThreadingFuture[object] | None
     told: bool
@@ -113,20 +115,23 @@ class EngineRef(pykka.ActorRef[Any]):
         return super().ask(wrapped, block=block, timeout=timeout)
 
     def _wrap(self, message: Any, *, told: bool) -> Any:
-        request: RequestMessage
+        request: RequestMessage | Embed
         if isinstance(message, _Submit):
             request, future = message.message, message.future
-        elif isinstance(message, RequestMessage):
+        elif isinstance(message, RequestMessage | Embed):
             request, future = message, None
         else:
             # Only our own messages: pykka's (its stop message, proxies' calls) pass as they are.
             return _Told(message) if told and isinstance(message, _CALLER_MESSAGES) else message
-        prepared: Prepared | None = None
+        prepared: Prepared | PreparedEmbed | None = None
         error: EngineError | None = None
         backend = self.backend
         if backend is not None:
             try:
-                prepared = prepare(backend, request, self.n_ctx_slot)
+                if isinstance(request, Embed):
+                    prepared = prepare_embed(backend, request, self.n_ctx_slot or backend.n_ctx)
+                else:
+                    prepared = prepare(backend, request, self.n_ctx_slot)
             except EngineError as e:
                 if not told and not isinstance(request, STREAMING):
                     raise  # an asked Generate or pool submit: the caller gets it now

@@ -28,6 +28,7 @@ from actors.actor._ref import TICK, EngineRef, _Admit, _Told
 from actors.backend._llama import LlamaBackend
 from actors.backend._model import resolve_model_path
 from actors.backend._tokenizer import Tokenizer
+from actors.contract._embed import Embed
 from actors.contract._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
 from actors.contract._gbnf import check_grammar
 from actors.contract._messages import (
@@ -44,6 +45,7 @@ from actors.contract._messages import (
 )
 from actors.contract._results import Failed
 from actors.engine._delivery import courier, settle
+from actors.engine._embedding import PreparedEmbed, prepare_embed
 from actors.engine._engine import Engine
 from actors.engine._prepare import prepare
 from strategies import BatchStrategy
@@ -323,7 +325,7 @@ class ServerActor(pykka.ThreadingActor):
                         settle(asker, None)
             elif isinstance(message, STREAMING):
                 courier.send(message.reply_to, Failed(message.request_id, error))
-            elif isinstance(message, SubmitMessage) and envelope.reply_to is not None:
+            elif isinstance(message, SubmitMessage | Embed) and envelope.reply_to is not None:
                 settle(envelope.reply_to, error=error)
             else:
                 keep.append(envelope)
@@ -376,7 +378,7 @@ class ServerActor(pykka.ThreadingActor):
             answer = self._admit(engine, message)
             self._schedule()
             return answer
-        elif isinstance(message, RequestMessage | _Submit):  # not through an EngineRef
+        elif isinstance(message, RequestMessage | Embed | _Submit):  # not through an EngineRef
             item = message if isinstance(message, _Submit) else None
             request = message.message if isinstance(message, _Submit) else message
             answer = self._admit(engine, _Admit(request, None, None, item.future if item else None, False))
@@ -406,6 +408,9 @@ class ServerActor(pykka.ThreadingActor):
         try:
             if item.error is not None:
                 raise item.error
+            if isinstance(message, Embed):
+                return self._admit_embed(engine, item, message)
+            assert not isinstance(item.prepared, PreparedEmbed)
             prepared = item.prepared or prepare(engine.backend, message, engine.n_ctx_slot)
             if isinstance(message, STREAMING):
                 engine.admit(prepared, reply_to=message.reply_to)
@@ -418,6 +423,16 @@ class ServerActor(pykka.ThreadingActor):
         except Exception as e:
             _log.exception("admitting %s failed", message.request_id)
             return self._refuse(item, InvalidRequest(f"the request could not be admitted: {e!r}"))
+
+    @staticmethod
+    def _admit_embed(engine: Engine, item: _Admit, message: Embed) -> Any:
+        """Queue an ``Embed``; the future of its ``Embeddings`` (actor thread)."""
+        prepared = item.prepared
+        if not isinstance(prepared, PreparedEmbed):
+            prepared = prepare_embed(engine.backend, message, engine.n_ctx_slot)
+        future: pykka.ThreadingFuture[object] = item.future or pykka.ThreadingFuture()
+        engine.admit_embed(prepared, future)
+        return None if item.future is not None else future
 
     @staticmethod
     def _refuse(item: _Admit, error: EngineError) -> None:

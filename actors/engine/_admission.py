@@ -17,6 +17,7 @@ import pykka
 
 from actors.contract._errors import EngineStopped, InvalidRequest, QueueFull
 from actors.contract._messages import STREAMING, ReplyTo, RequestMessage, SamplingParams, _CancelExact
+from actors.engine._embedding import PreparedEmbed
 from actors.engine._forward import ForwardPass
 from actors.engine._output import TextStream
 from actors.engine._prepare import Prepared, fit_prompt
@@ -94,6 +95,22 @@ class Admission(ForwardPass):
         for request in requests[1:]:  # they copy the leader's prompt once it is computed
             self._enqueue(request)
 
+    def admit_embed(self, prepared: PreparedEmbed, future: pykka.ThreadingFuture[object]) -> None:
+        """Queue a prepared ``Embed`` for the next embedding pass; ``future`` gets its
+        ``Embeddings`` or its error.
+
+        Raises:
+            InvalidRequest: its id is in use, or a token is outside the vocabulary.
+            QueueFull: ``max_queue`` embedding requests wait.
+            EngineStopped: the engine is draining.
+        """
+        if self.draining:
+            raise EngineStopped("the engine is draining: it takes no new requests")
+        request_id = prepared.message.request_id
+        if request_id in self.requests or request_id in self.choices:
+            raise InvalidRequest(f"request_id {request_id!r} is already in use")
+        self.embedder.admit(prepared, future)
+
     def _request(
         self,
         prepared: Prepared,
@@ -146,6 +163,8 @@ class Admission(ForwardPass):
     def cancel(self, request_id: str, message: object = None) -> None:
         """Cancel a queued or running request; an unknown id is ignored, and so is a
         request not admitted from ``message`` when one is given."""
+        if self.embedder.queue and self.embedder.cancel(request_id, message):
+            return
         group = self.choices.get(request_id)
         requests = group.requests if group is not None else [self.requests.get(request_id)]
         for request in requests:

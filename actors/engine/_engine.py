@@ -59,6 +59,9 @@ class Engine(Admission):
            with logits; ``_on_token`` streams the token and ``_finish``es a request
            that stopped.
         6. ``_emit_tick``: the ``tick`` signal.
+
+        Before 3, a tick with ``Embed`` requests queued runs one embedding pass of its
+        own (``Embedder.run``, :mod:`actors.engine._embedding`).
         """
         self.n_ticks += 1
         if faults.tick is not None:
@@ -70,6 +73,8 @@ class Engine(Admission):
             self.occupied = False
             if self.config.cache_idle_slots:
                 self.memory.offload_idle(self.slots)
+        if self.embedder.queue:
+            self.embedder.run()
         busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
         if not busy:
             return

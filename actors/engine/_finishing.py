@@ -174,6 +174,7 @@ class Finishing(EngineState):
                 self._fail(slot, error)
         while self.waiting:  # preempted ones had a start: they get their end
             self._fail_request(self.waiting[0], error)
+        self.embedder.fail_all(error)
 
     @staticmethod
     def _timings(request: Request) -> tuple[float, float]:

@@ -15,6 +15,7 @@ from actors.backend._llama import LlamaBackend
 from actors.contract._messages import SamplingParams
 from actors.engine._batch import BatchArrays
 from actors.engine._draft_model import ModelDrafter
+from actors.engine._embedding import Embedder
 from actors.engine._memory import KVMemory
 from actors.engine._slots import Choices, Request, Slot
 from actors.engine._speculative import CostModel, Drafter, NgramDrafter
@@ -119,6 +120,7 @@ class EngineState:
                 draft_backend, self.n_ctx_slot, config.draft_p_min, chunk_size=config.chunk_size
             )
         self.cost = CostModel()
+        self.embedder = Embedder(backend, config.max_queue, self._room_for_embeddings)
         self.draft_idle = 0  # ticks since a costly drafter's drafts were last verified
         self.draft_tokens = 0
         self.draft_accepted = 0
@@ -128,7 +130,20 @@ class EngineState:
     @property
     def has_work(self) -> bool:
         """True while a slot is busy or a request waits."""
-        return bool(self.waiting) or any(slot.state is not SlotState.IDLE for slot in self.slots)
+        return (
+            bool(self.waiting)
+            or bool(self.embedder.queue)
+            or any(slot.state is not SlotState.IDLE for slot in self.slots)
+        )
+
+    def _room_for_embeddings(self, need: int) -> bool:
+        """Free ``need`` KV cells for an embedding pass, dropping idle slots' caches
+        (least recently used first) if it must; whether they are free."""
+        if self.memory.free_cells < need:
+            purged = self.memory.purge_idle(self.slots, need)
+            if purged:
+                self._kv_event("purge", {"purged_slots": purged})
+        return self.memory.free_cells >= need
 
     def _kv_use(self) -> dict[str, int]:
         """KV cells holding tokens and KV cells in all, as GetStats and the signals say."""
