@@ -27,6 +27,7 @@ cancels nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -36,6 +37,7 @@ from typing import Any
 
 import pykka
 
+from actors.contract._embed import Embed
 from actors.contract._errors import ConfigError, EngineStopped, QueueFull, RequestTimeout
 from actors.contract._messages import (
     STREAMING,
@@ -48,6 +50,7 @@ from actors.contract._messages import (
     StreamMessage,
     SubmitMessage,
     _CancelExact,
+    _Submit,
 )
 from actors.scale._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
 from actors.scale._router import Router
@@ -66,8 +69,28 @@ _CONCATENATED = frozenset({"slots", "kv_positions"})
 class _Sent:
     """A request in flight: the caller's message, and the one a replica admits."""
 
-    message: RequestMessage
-    sent: RequestMessage
+    message: RequestMessage | Embed
+    sent: RequestMessage | Embed
+
+
+def _forwarding(
+    settled: Callable[[], None], source: Callable[[], Tracked], outer: pykka.ThreadingFuture[Any]
+) -> Callable[[], None]:
+    """``settled``, then ``source()``'s outcome copied into ``outer`` (the thread that
+    settles ``source()``, which is set by then)."""
+
+    def settle() -> None:
+        settled()
+        try:
+            value = source().get(timeout=0)
+        except BaseException as error:
+            with contextlib.suppress(Exception):
+                outer.set_exception(exc_info=(type(error), error, error.__traceback__))
+        else:
+            with contextlib.suppress(Exception):
+                outer.set(value)
+
+    return settle
 
 
 class ServerPool:
@@ -191,8 +214,11 @@ class ServerPool:
         ``RequestTimeout``, the request cancelled), or the question's answer.
         """
         self._check_running()
-        if isinstance(message, SubmitMessage):
+        if isinstance(message, SubmitMessage | Embed):
             answer: Any = self._submit(message, timeout)
+        elif isinstance(message, _Submit):  # the caller's own future gets the outcome
+            self._submit(message.message, timeout, message.future)
+            answer = None
         elif isinstance(message, (*STREAMING, Cancel, _CancelExact)):
             self.tell(message)
             answer = None
@@ -222,8 +248,10 @@ class ServerPool:
                 self._replicas[name].cancel(message.request_id)
         elif isinstance(message, _CancelExact):
             self._cancel_exact(message)
-        elif isinstance(message, SubmitMessage):
+        elif isinstance(message, SubmitMessage | Embed):
             self._submit(message, None)
+        elif isinstance(message, _Submit):
+            self._submit(message.message, None, message.future)
         else:
             raise TypeError(f"a ServerPool cannot be told {message!r}")
 
@@ -285,15 +313,24 @@ class ServerPool:
 
         return reroute
 
-    def _submit(self, message: SubmitMessage, timeout: float | None) -> Tracked:
-        """Admit a Generate on a replica within ``timeout`` (caller's thread).
+    def _submit(
+        self,
+        message: SubmitMessage | Embed,
+        timeout: float | None,
+        outer: pykka.ThreadingFuture[Any] | None = None,
+    ) -> Tracked:
+        """Admit a Generate (or an Embed) on a replica within ``timeout`` (caller's thread);
+        its outcome goes to ``outer`` too, when given (a ``_Submit``'s future).
 
         Raises:
             RequestTimeout: no replica answered the admission in time; cancelled there.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         sent = _Sent(message, message)  # a replica admits the caller's own message
-        future = Tracked(self._settled(sent))
+        settled = self._settled(sent)
+        if outer is not None:
+            settled = _forwarding(settled, lambda: future, outer)
+        future = Tracked(settled)
         tried: set[str] = set()
 
         def admit(replica: Replica) -> None:

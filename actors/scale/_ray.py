@@ -40,6 +40,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 import telemetry
 from actors.backend._tokenizer import Tokenizer
+from actors.contract._embed import Embed
 from actors.contract._errors import EngineError, EngineStopped, QueueFull, RequestTimeout
 from actors.contract._messages import Cancel, Drain, GetInfo, GetTokenizer, StreamMessage, SubmitMessage
 from actors.contract._results import Done, Failed, Progress, Token
@@ -146,8 +147,9 @@ class ReplicaActor:
             _log.error("%s: %s; exiting so that Ray restarts the replica", self.name, self.ref.gave_up)
             os._exit(70)
 
-    def submit(self, message: SubmitMessage) -> Any:
-        """The Completion of a Generate/GenerateTokens/Chat (admission errors raise)."""
+    def submit(self, message: SubmitMessage | Embed) -> Any:
+        """The Completion of a Generate/GenerateTokens/Chat, the Embeddings of an Embed
+        (admission errors raise)."""
         try:
             return self.ref.ask(message).get()
         except EngineStopped:
@@ -279,7 +281,7 @@ class RayReplica:
             return EngineStopped(f"replica {self.name!r} died: {type(error).__name__}: {error}")
         return EngineStopped(f"replica {self.name!r} failed: {error!r}")
 
-    def submit(self, message: SubmitMessage, future: Tracked, timeout: float | None) -> None:
+    def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
         # Admission is a Ray call answered later (``settle``): nothing here waits, and the
         # caller's wait on ``future`` is bounded by the caller.
         if not self.up():

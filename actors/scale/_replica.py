@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import pykka
 
 from actors.actor._supervisor import Supervisor
+from actors.contract._embed import Embed
 from actors.contract._errors import QueueFull, RequestTimeout
 from actors.contract._messages import (
     Cancel,

@@ -28,6 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from actors.contract._embed import Embed
 from actors.contract._errors import EngineStopped, InvalidRequest
 from actors.contract._messages import Chat, GenerateTokens, RequestMessage, StreamChat, StreamTokens
 
@@ -41,9 +42,12 @@ BLOCK_TOKENS = 4
 _MAX_SESSIONS = 100_000
 
 
-def prefix_blocks(message: RequestMessage) -> list[int]:
-    """Chained hashes of the message's whole leading blocks (hash i covers blocks 0..i)."""
+def prefix_blocks(message: RequestMessage | Embed) -> list[int]:
+    """Chained hashes of the message's whole leading blocks (hash i covers blocks 0..i);
+    none for an ``Embed``, which reuses no cache."""
     units: str | tuple[int, ...]  # a slice of either is hashable
+    if isinstance(message, Embed):
+        return []
     if isinstance(message, GenerateTokens | StreamTokens):
         units, size = tuple(message.tokens), BLOCK_TOKENS
     elif isinstance(message, Chat | StreamChat):
@@ -92,7 +96,7 @@ class Router:
         self._in_flight: dict[str, str] = {}
         self.decisions = {"session": 0, "prefix": 0, "least_loaded": 0}
 
-    def choose(self, message: RequestMessage, up: Iterable[str]) -> str:
+    def choose(self, message: RequestMessage | Embed, up: Iterable[str]) -> str:
         """Pick a replica for ``message`` among ``up`` and count it in flight there.
 
         Raises:
@@ -125,7 +129,9 @@ class Router:
                     self._sessions.popitem(last=False)
         return name
 
-    def _pick(self, message: RequestMessage, blocks: list[int], candidates: list[str]) -> tuple[str, str]:
+    def _pick(
+        self, message: RequestMessage | Embed, blocks: list[int], candidates: list[str]
+    ) -> tuple[str, str]:
         if message.session is not None:
             name = self._sessions.get((message.cache_scope, message.session))
             if name in candidates:

@@ -1,0 +1,266 @@
+"""Embeddings: ``Embed``, ``embed()`` and ``aembed()`` equal ``llama_cpp.Llama(embedding=True)``.
+
+References are computed in the same run (the CPU kernels differ between machines), by
+one ``Llama`` per pooling, with flash attention off on both sides (its kernel sums in
+another order: with it on, vectors differ by about 1e-2). The same texts in the same
+batch give the same vectors to about 1e-7; a batch of other texts moves them, in
+``Llama`` too (16 texts in one batch or each alone: up to 9e-3, cosine 0.9997), so
+concurrent callers, whose texts share passes as they arrive, are held to that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pykka
+import pytest
+from helpers import same_greedy
+
+from actors import (
+    Cancel,
+    Embed,
+    Embeddings,
+    EngineError,
+    GetStats,
+    GetTokenizer,
+    InvalidRequest,
+    PromptTooLong,
+    RequestTimeout,
+    ServerPool,
+    Supervisor,
+    aembed,
+    embed,
+    generate,
+)
+
+TEXTS = [
+    "I believe the meaning of life is",
+    "Write a joke about AI from a very long prompt which will not be truncated",
+    "This is a test",
+    "hello",
+    "The quick brown fox jumps over the lazy dog. " * 6,
+]
+TOLERANCE = 1e-4  # on unit vectors, the same batch: equal kernels give ~1e-7
+SPREAD = 2e-2  # on unit vectors, another batch (Llama's own spread is 9e-3)
+
+
+def assert_close_across_batches(got: npt.NDArray[np.float32], expected: npt.NDArray[np.float32]) -> None:
+    np.testing.assert_allclose(got, expected, atol=SPREAD)
+    assert (np.sum(got * expected, axis=1) > 0.999).all()
+
+
+@pytest.fixture(scope="module")
+def references(model_path: str) -> Iterator[Callable[[list[str], str], npt.NDArray[np.float32]]]:
+    """``ref(texts, pooling)``: Llama(embedding=True, pooling_type=...).embed(texts, normalize=True)."""
+    import llama_cpp
+
+    types = {
+        "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+        "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
+        "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
+    }
+    models: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def reference(texts: list[str], pooling: str) -> npt.NDArray[np.float32]:
+        with lock:
+            if pooling not in models:
+                models[pooling] = llama_cpp.Llama(
+                    model_path, embedding=True, pooling_type=types[pooling], n_ctx=2048, n_batch=2048,
+                    n_threads=1, flash_attn=False, verbose=False,
+                )  # fmt: skip
+            return np.array(models[pooling].embed(texts, normalize=True), dtype=np.float32)
+
+    yield reference
+    for llm in models.values():
+        llm.close()
+
+
+@pytest.fixture
+def embedder(start_server: Callable[..., pykka.ActorRef[Any]]) -> pykka.ActorRef[Any]:
+    return start_server(n_parallel=4, flash_attn=False)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_equal_to_llama_embed(embedder: pykka.ActorRef[Any], references: Any, pooling: str) -> None:
+    vectors = embed(embedder, TEXTS, pooling=pooling, timeout=60)  # type: ignore[arg-type]
+    assert vectors.dtype == np.float32 and vectors.shape == (len(TEXTS), 576)
+    assert not vectors.flags.writeable
+    np.testing.assert_allclose(vectors, references(TEXTS, pooling), atol=TOLERANCE)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_the_default_pooling_is_mean_and_normalize_can_be_off(
+    embedder: pykka.ActorRef[Any], references: Any
+) -> None:
+    result = embedder.ask(Embed(TEXTS[:2], normalize=False)).get(timeout=60)
+    assert isinstance(result, Embeddings) and result.pooling == "mean" and not result.normalized
+    assert result.prompt_tokens == tuple(len(embedder.ask(GetTokenizer()).tokenize(t)) for t in TEXTS[:2])
+    assert result.total_tokens == sum(result.prompt_tokens)
+    norms = np.linalg.norm(result.vectors, axis=1)
+    assert (np.abs(norms - 1.0) > 1e-2).all()
+    np.testing.assert_allclose(result.vectors / norms[:, None], references(TEXTS[:2], "mean"), atol=TOLERANCE)
+
+
+def test_token_id_texts_equal_their_text(embedder: pykka.ActorRef[Any]) -> None:
+    ids = embedder.ask(GetTokenizer()).tokenize(TEXTS[0])
+    both = embed(embedder, [TEXTS[0], ids], timeout=60)
+    np.testing.assert_allclose(both[0], both[1], atol=1e-6)
+
+
+def test_one_text_at_a_time(embedder: pykka.ActorRef[Any], references: Any) -> None:
+    for text in TEXTS:
+        got = embed(embedder, [text], pooling="last", timeout=60)
+        np.testing.assert_allclose(got, references([text], "last"), atol=TOLERANCE)
+
+
+def test_sixteen_concurrent_callers(embedder: pykka.ActorRef[Any], references: Any) -> None:
+    texts = [f"{TEXTS[i % len(TEXTS)]} (caller {i})" for i in range(16)]
+    expected = np.concatenate([references([t], "last") for t in texts])
+    got: dict[int, npt.NDArray[np.float32]] = {}
+
+    def call(i: int) -> None:
+        got[i] = embed(embedder, [texts[i]], pooling="last", timeout=120)[0]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(got) == list(range(16))
+    assert_close_across_batches(np.stack([got[i] for i in range(16)]), expected)
+
+
+def test_a_text_longer_than_the_batch_is_fed_in_chunks(
+    start_server: Callable[..., pykka.ActorRef[Any]], references: Any
+) -> None:
+    ref = start_server(n_parallel=2, n_batch=64, flash_attn=False)
+    text = "Once upon a time, in a land far away, there lived a curious fox. " * 12  # ~190 tokens
+    assert len(ref.ask(GetTokenizer()).tokenize(text)) > 64
+    for pooling in ("mean", "last"):
+        got = embed(ref, [text, "short"], pooling=pooling, timeout=60)  # type: ignore[arg-type]
+        np.testing.assert_allclose(got, references([text, "short"], pooling), atol=TOLERANCE)
+    assert ref.ask(GetStats())["kv_cells_used"] == 0  # every embedding cell was freed
+
+
+def test_generation_is_unchanged_beside_embeddings(start_server: Callable[..., pykka.ActorRef[Any]]) -> None:
+    ref = start_server(n_parallel=2)
+    prompt = "The capital of France is"
+    alone = generate(ref, prompt, max_tokens=24, temp=0, logprobs=2, timeout=60)
+    stop = threading.Event()
+
+    def keep_embedding() -> None:
+        while not stop.is_set():
+            embed(ref, TEXTS, timeout=60)
+
+    worker = threading.Thread(target=keep_embedding)
+    worker.start()
+    try:
+        beside = generate(ref, prompt, max_tokens=24, temp=0, cache_prompt=False, timeout=60)
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    same_greedy(alone, beside.token_ids)
+    # Every embedding cell was freed: llama.cpp holds the slots' positions only.
+    stats = ref.ask(GetStats())
+    assert stats["kv_positions"] == tuple(s.kv_tokens for s in stats["slots"])
+
+
+@pytest.mark.parametrize(
+    ("texts", "options", "match"),
+    [
+        ([], {}, "must not be empty"),
+        ("a string", {}, "must be a list"),
+        ([""], {}, "texts\\[0\\] is empty"),
+        (["ok", []], {}, "texts\\[1\\] is empty"),
+        (["\ud83d"], {}, "lone surrogate"),
+        ([b"bytes"], {}, "must be a str or a list of token ids"),
+        ([3], {}, "must be a str or a list of token ids"),
+        ([[1, -2]], {}, "not a non-negative int32"),
+        ([[1, "x"]], {}, "not a non-negative int32"),
+        ([[True]], {}, "not a non-negative int32"),
+        (["x"] * 2049, {}, "at most 2048 texts"),
+        (["x" * (16 * 1024 * 1024 + 1)], {}, "at most"),
+        (["ok"], {"pooling": "max"}, "pooling must be one of"),
+        (["ok"], {"pooling": 1}, "pooling must be one of"),
+        (["ok"], {"normalize": 1}, "normalize must be a bool"),
+        (["ok"], {"model": 3}, "model must be a str"),
+        (["ok"], {"request_id": ""}, "request_id must be a non-empty"),
+        (["ok"], {"deadline_s": 0}, "deadline_s must be"),
+        (["ok"], {"deadline_s": float("nan")}, "finite"),
+    ],
+)
+def test_bad_input_is_refused_in_the_callers_thread(texts: Any, options: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        Embed(texts, **options)
+
+
+def test_bad_input_needing_the_model(embedder: pykka.ActorRef[Any]) -> None:
+    with pytest.raises(InvalidRequest, match="outside the vocabulary"):
+        embed(embedder, [[1, 10**6]], timeout=30)
+    with pytest.raises(PromptTooLong, match="too large"):
+        embed(embedder, ["This is a test " * 512], timeout=30)
+    with pytest.raises(InvalidRequest, match="already in use"):
+        embedder.ask(Embed(["a"] * 400, request_id="same"), block=False)
+        embedder.ask(Embed(["b"], request_id="same")).get(timeout=30)
+    assert embed(embedder, ["still serving"], timeout=60).shape == (1, 576)
+
+
+def test_cancel_and_deadline(embedder: pykka.ActorRef[Any]) -> None:
+    many = [f"text number {i} " * 8 for i in range(1500)]
+    future = embedder.ask(Embed(many, request_id="big"))
+    embedder.tell(Cancel("big"))
+    with pytest.raises(EngineError, match="cancelled"):
+        future.get(timeout=60)
+    with pytest.raises(RequestTimeout, match="deadline"):
+        embedder.ask(Embed(many, deadline_s=0.05)).get(timeout=60)
+    assert embed(embedder, ["after"], timeout=60).shape == (1, 576)
+
+
+def test_a_supervisor_and_a_pool_serve_embed(model_path: str, references: Any) -> None:
+    supervisor = Supervisor.start(
+        model_path=model_path, n_parallel=2, n_ctx=1024, n_threads=1, flash_attn=False
+    )
+    pool = ServerPool.start(
+        replicas=2, model_path=model_path, n_parallel=2, n_ctx=1024, n_threads=1, flash_attn=False
+    )
+    try:
+        expected = references(TEXTS[:3], "mean")
+        for handle in (supervisor, pool):
+            np.testing.assert_allclose(embed(handle, TEXTS[:3], timeout=60), expected, atol=TOLERANCE)
+            got = asyncio.run(aembed(handle, TEXTS[:3], timeout=60))
+            np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+        assert pool.ask(GetStats())["replicas_up"] == 2
+    finally:
+        supervisor.stop()
+        pool.stop()
+
+
+def test_aembed_many_tasks_and_cancel(embedder: pykka.ActorRef[Any], references: Any) -> None:
+    texts = [f"asynchronous caller {i}" for i in range(16)]
+
+    async def main() -> list[npt.NDArray[np.float32]]:
+        results = await asyncio.gather(*(aembed(embedder, [t], timeout=120) for t in texts))
+        task = asyncio.create_task(aembed(embedder, [f"long text {i} " * 8 for i in range(1500)]))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return [r[0] for r in results]
+
+    got = asyncio.run(main())
+    assert_close_across_batches(np.stack(got), np.concatenate([references([t], "mean") for t in texts]))
+    with pytest.raises(InvalidRequest):
+        asyncio.run(aembed(embedder, []))
+
+
+def test_embed_pickles_and_checks_again() -> None:
+    message = Embed(["a", [1, 2]], pooling="cls", normalize=False, model="m", deadline_s=3)
+    again = pickle.loads(pickle.dumps(message))
+    assert again == message and again.texts == ("a", (1, 2))
