@@ -242,6 +242,26 @@ def test_a_supervisor_and_a_pool_serve_embed(model_path: str, references: Any) -
         pool.stop()
 
 
+def test_a_model_manager_routes_embed_by_model(model_path: str, tmp_path: Any) -> None:
+    from tiny_gguf import write_tiny_model
+
+    from actors import ModelManager
+
+    tiny = write_tiny_model(tmp_path / "tiny.gguf")
+    small = {"n_ctx": 512, "n_parallel": 2, "n_threads": 1}
+    manager = ModelManager.start(
+        {"smol": {"model_path": model_path, **small}, "tiny": {"model_path": tiny, **small}}
+    )
+    try:
+        smol = embed(manager, ["hello", "world"], model="smol", timeout=60)
+        assert smol.shape == (2, 576)
+        small_one = asyncio.run(aembed(manager, ["hello"], model="tiny", timeout=60))
+        assert small_one.shape[0] == 1 and small_one.shape[1] != 576
+        np.testing.assert_allclose(np.linalg.norm(small_one, axis=1), 1.0, atol=1e-5)
+    finally:
+        manager.stop()
+
+
 def test_aembed_many_tasks_and_cancel(embedder: pykka.ActorRef[Any], references: Any) -> None:
     texts = [f"asynchronous caller {i}" for i in range(16)]
 

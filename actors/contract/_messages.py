@@ -432,6 +432,12 @@ class _Submit:
     message: SubmitMessage | Embed
     future: pykka.ThreadingFuture[object]
 
+    @property
+    def model(self) -> str | None:
+        """The model its request names, if any (a ``ModelManager`` routes by it)."""
+        model: str | None = getattr(self.message, "model", None)
+        return model
+
 
 @dataclass(frozen=True, slots=True)
 class GetTokenizer:
