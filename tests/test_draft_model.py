@@ -273,3 +273,38 @@ def test_a_pass_llama_cpp_finds_no_room_for_evicts_more_and_is_tried_once_more()
     assert d.n_passes == 3 * 2 + 1  # the third's catch-up twice
     assert d.n_failures == 0 and d.n_evicted == 1 and not context.held(0)
     assert d.cells_used == context.used
+
+
+def test_requests_that_start_together_write_their_shared_prefix_once() -> None:
+    # Three choices of one 200-token prompt start drafting in the same tick: one feeds
+    # the prompt, the others wait a tick and copy it.
+    context = FakeDraftContext(n_ctx=512, n_batch=512)
+    d = drafter(context)
+    owners = [object() for _ in range(3)]
+    first = d.propose([want(i, owners[i], SYSTEM, [12 + i], 2) for i in range(3)])
+    assert first[0].tokens == truth([*SYSTEM, 12], 2)
+    assert first[1].tokens == first[2].tokens == []  # waiting for the copy
+    second = d.propose([want(i, owners[i], SYSTEM, [12 + i, 20], 2) for i in range(3)])
+    for i, draft in enumerate(second):
+        assert draft.tokens == truth([*SYSTEM, 12 + i, 20], 2)
+    assert context.used < 200 + 3 * 8 and d.cells_used == context.used
+    assert d.n_failures == 0
+
+
+def test_live_sequences_that_cannot_all_fit_keep_the_oldest_drafting() -> None:
+    # Three requests whose contexts cannot all fit 300 cells: the oldest keep drafting,
+    # the newest waits (its sequence gives its cells back), nobody starts over.
+    context = FakeDraftContext(n_ctx=300, n_batch=256)
+    d = drafter(context)
+    owners = [object() for _ in range(3)]
+    prompts = [[(k * i) % 40 + 11 + k for i in range(120)] for k in (3, 5, 9)]
+    generated: list[list[int]] = [[12], [12], [12]]
+    for tick in range(6):
+        drafts = d.propose([want(i, owners[i], prompts[i], generated[i], 2) for i in range(3)])
+        for i in (0, 1):
+            if tick:  # the first tick shared the rows among all three
+                assert drafts[i].tokens == truth([*prompts[i], *generated[i]], 2), (tick, i)
+        assert d.cells_used == context.used <= 300
+        for g in generated:
+            g.append(tick % 5 + 13)
+    assert d.n_failures == 0

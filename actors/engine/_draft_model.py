@@ -8,12 +8,14 @@ tokens accepted last tick, the pending one, a new prompt), then one pass per dra
 token, each with one row per slot still drafting.
 
 The draft context has as many cells as the target's, so it must hold what the target
-holds no less tightly: a request that enters a slot starts from the sequence that holds
-the longest prefix of its tokens (``seq_copy``: a shared cell counts once), a sequence
-whose request left stays only as a prefix to copy and is the first evicted, and a pass
-that would not fit evicts the least recently used sequences first. The drafter counts
-the cells itself (:class:`_Cells`, shared cells once); should llama.cpp still find no
-room, it evicts more and tries once more before every sequence starts over.
+holds no less tightly. A request that enters a slot starts from the sequence that holds
+the longest prefix of its tokens (``seq_copy``: a shared cell counts once); one whose
+prefix another slot is catching up with in the same pass waits a tick and copies it. A
+sequence whose request left stays only as a prefix to copy and is the first evicted.
+The drafter counts the cells itself (``DraftCells``): a pass that would not fit evicts
+the sequences it does not use, least recently used first, and then the newest of its
+own; should llama.cpp still find no room, it evicts more and tries once more before
+every sequence starts over.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
 from actors.backend._llama import LlamaBackend
+from actors.engine._draft_cells import DraftCells, common_prefix, fair_shares, request_tail
 from actors.engine._speculative import Draft, Drafter, DraftWant
 
 __all__ = ["ModelDrafter"]
@@ -31,52 +32,8 @@ __all__ = ["ModelDrafter"]
 _NONE = Draft([])
 _log = logging.getLogger("llama_cpp_actors.engine")
 _NO_KV_SPACE = 1  # llama_decode's "no KV slot for the batch": nothing was computed
-
-
-class _Cells:
-    """The draft context's KV cells as llama.cpp's unified cache keeps them: a cell is
-    used while some sequence holds it, and ``seq_copy`` makes two sequences hold the
-    same cells (so one counts once). Each sequence lists its cells by position."""
-
-    __slots__ = ("_next", "_refs")
-
-    def __init__(self) -> None:
-        self._refs: dict[int, int] = {}  # cell -> sequences holding it
-        self._next = 0
-
-    @property
-    def used(self) -> int:
-        return len(self._refs)
-
-    def grow(self, cells: list[int], n: int) -> None:
-        """``n`` new cells at the end of ``cells`` (a pass wrote them)."""
-        start = self._next
-        self._next += n
-        cells.extend(range(start, start + n))
-        self._refs.update(dict.fromkeys(range(start, start + n), 1))
-
-    def share(self, cells: list[int]) -> list[int]:
-        """A second holder of ``cells`` (a copy)."""
-        refs = self._refs
-        for cell in cells:
-            refs[cell] += 1
-        return list(cells)
-
-    def cut(self, cells: list[int], keep: int) -> None:
-        """Let go of ``cells`` from ``keep`` on."""
-        refs = self._refs
-        for cell in cells[keep:]:
-            left = refs[cell] - 1
-            if left:
-                refs[cell] = left
-            else:
-                del refs[cell]
-        del cells[keep:]
-
-    def private(self, cells: list[int]) -> int:
-        """How many of ``cells`` no other sequence holds: what dropping them frees."""
-        refs = self._refs
-        return sum(1 for cell in cells if refs[cell] == 1)
+# A request waits a tick for another's catch-up only to share more than this many tokens.
+_SHARE_MIN = 32
 
 
 class _Sequence:
@@ -84,10 +41,11 @@ class _Sequence:
     tokens, at positions 0 on), then the first ``fed`` tokens of ``draft``, the draft
     made when the request had ``at`` tokens (``stopped``: it ended at an unsure token or
     an end of generation). ``owner`` None: its request left, and the sequence is kept
-    only as a prefix another may copy. ``t_used``: the drafter's call it last served.
+    only as a prefix another may copy. ``t_used``: the drafter's call it last served;
+    ``t_start``: the call its request adopted it (the older keeps its cells first).
     ``cells``: the cell of each position it holds (``held``, then the fed drafts)."""
 
-    __slots__ = ("at", "cells", "draft", "fed", "held", "owner", "seq_id", "stopped", "t_used")
+    __slots__ = ("at", "cells", "draft", "fed", "held", "owner", "seq_id", "stopped", "t_start", "t_used")
 
     def __init__(self, seq_id: int, owner: object, held: list[int], cells: list[int]) -> None:
         self.seq_id = seq_id
@@ -98,7 +56,10 @@ class _Sequence:
         self.fed = 0
         self.at = -1
         self.stopped = False
-        self.t_used = 0
+        self.t_used = self.t_start = 0
+
+
+_Feed = tuple[_Sequence, list[int], int]  # a sequence, the tokens it lacks, the draft tokens wanted
 
 
 class ModelDrafter(Drafter):
@@ -136,7 +97,7 @@ class ModelDrafter(Drafter):
         self.p_min = p_min
         self.chunk_size = chunk_size
         self._seqs: dict[int, _Sequence] = {}
-        self._cells = _Cells()
+        self._cells = DraftCells()
         self._calls = 0
         self.n_passes = 0  # draft-model forward passes, for tests and benches
         self.n_evicted = 0  # sequences evicted to make room for a pass
@@ -164,20 +125,26 @@ class ModelDrafter(Drafter):
         # copy must only read cells that a finished pass wrote.
         seqs = [self._sync(want) for want in wants]
         backend = self.backend
-        feeds: list[tuple[_Sequence, list[int], int]] = []  # (sequence, tokens it lacks, limit)
+        feeds: list[_Feed] = []
         for want, seq in zip(wants, seqs, strict=True):
             wanted = min(want.limit, self._own_limit(want))
             if seq is None or seq.stopped or len(seq.draft) >= wanted:
                 continue
             # What the context lacks before the next token can be read: the request's
             # new tokens, or the draft's last token.
-            tokens = _tail(want, len(seq.held)) if not seq.draft else seq.draft[seq.fed :]
+            tokens = (
+                request_tail(want.prompt, want.generated, len(seq.held))
+                if not seq.draft
+                else seq.draft[seq.fed :]
+            )
+            if not seq.draft and self._follows(seq, tokens, feeds):
+                continue
             if tokens:
                 feeds.append((seq, tokens, wanted))
         n = 0
         batch: list[_Sequence] = []
         rows: list[tuple[_Sequence, int, int]] = []  # (sequence, batch row, tokens wanted)
-        shares = _fair_shares(feeds, backend.n_batch, self.chunk_size)
+        shares = self._grant(feeds, fair_shares(feeds, backend.n_batch, self.chunk_size))
         for (seq, tokens, wanted), take in zip(feeds, shares, strict=True):
             if take == 0:
                 continue
@@ -212,7 +179,8 @@ class ModelDrafter(Drafter):
                 elif len(seq.draft) < wanted:
                     going.append((seq, wanted))
             rows, batch = [], []
-            for row, (seq, wanted) in enumerate(going):
+            # A draft the context has no room to feed stops where it is (shorter, not lost).
+            for row, (seq, wanted) in enumerate(going[: self._room(len(going))]):
                 backend.tokens[row] = seq.draft[-1]
                 backend.pos[row] = len(seq.held) + seq.fed
                 backend.seq_ids[row] = seq.seq_id
@@ -251,7 +219,7 @@ class ModelDrafter(Drafter):
         if seq.at == known:  # the same tick: extend the draft
             return seq
         if seq.draft:  # an earlier tick's draft: keep the fed tokens the request went on with
-            new = _tail(want, len(seq.held))
+            new = request_tail(want.prompt, want.generated, len(seq.held))
             agree = 0
             for a, b in zip(seq.draft[: seq.fed], new, strict=False):
                 if a != b:
@@ -270,10 +238,10 @@ class ModelDrafter(Drafter):
         tokens that any sequence holds: the slot's own (a session's next turn keeps the
         conversation so far) or another's, copied (the cells are shared, not written)."""
         tokens = list(want.prompt) + list(want.generated)
-        best, n_best = old, 0 if old is None else _common_prefix(old.held, tokens)
+        best, n_best = old, 0 if old is None else common_prefix(old.held, tokens)
         for other in self._seqs.values():
             if other is not old:
-                n = _common_prefix(other.held, tokens)
+                n = common_prefix(other.held, tokens)
                 if n > n_best:
                     best, n_best = other, n
         if best is old and old is not None:
@@ -290,6 +258,7 @@ class ModelDrafter(Drafter):
                 cells = self._cells.share(best.cells[:n_best])
                 self.backend.seq_copy(best.seq_id, want.seq_id, 0, n_best)
             seq = _Sequence(want.seq_id, want.owner, tokens[: len(cells)], cells)
+        seq.t_start = self._calls
         self._seqs[want.seq_id] = seq
         return seq
 
@@ -310,18 +279,69 @@ class ModelDrafter(Drafter):
         self._cells.cut(seq.cells, 0)
         seq.held, seq.draft, seq.fed = [], [], 0
 
+    def _follows(self, seq: _Sequence, tokens: list[int], feeds: list[_Feed]) -> bool:
+        """Whether ``seq`` should wait a tick rather than feed ``tokens``: a catch-up of
+        this pass writes a longer prefix of them than ``seq`` holds (requests that start
+        together, the choices of one prompt), which ``seq`` copies next tick instead of
+        writing it twice. It is then held only as a prefix, so its next call adopts
+        again (``_adopt``)."""
+        if len(tokens) <= _SHARE_MIN:
+            return False
+        held = len(seq.held)
+        mine = seq.held + tokens
+        for other, theirs, _ in feeds:
+            long = not other.draft and len(theirs) > _SHARE_MIN
+            if long and common_prefix(mine, other.held + theirs) - held > _SHARE_MIN:
+                seq.owner = None
+                return True
+        return False
+
+    def _grant(self, feeds: list[_Feed], shares: list[int]) -> list[int]:
+        """``shares`` (the pass's rows, shared fairly) cut to the free cells, beside the
+        cells the draft passes after it will take (a draft token fed for each but the
+        last). When they do not fit, the oldest sequences keep theirs first (as the
+        engine preempts the newest request): a newer one of this pass gives its cells
+        back rather than every sequence holding a part of a catch-up none can finish."""
+
+        def drafting(i: int, take: int) -> int:  # cells its draft passes take after the catch-up
+            seq, tokens, wanted = feeds[i]
+            return max(0, wanted - len(seq.draft) - 1) if take == len(tokens) else 0
+
+        need = sum(take + drafting(i, take) for i, take in enumerate(shares))
+        free = self._room(need)
+        if free >= need:
+            return shares
+        order = sorted(range(len(feeds)), key=lambda i: (feeds[i][0].t_start, i))
+        granted = [0] * len(feeds)
+        while order:
+            i = order.pop(0)
+            while free < shares[i] + drafting(i, shares[i]) and order:
+                victim = feeds[order.pop()][0]  # the newest left: it gets nothing this tick
+                free += self._cells.private(victim.cells)
+                self._drop(victim)
+                self.n_evicted += 1
+            granted[i] = max(0, min(shares[i], free))
+            free -= granted[i] + drafting(i, granted[i])
+        return granted
+
+    def _room(self, need: int) -> int:
+        """Free cells for a pass of ``need`` tokens (at most ``need``), evicting sequences
+        this call has not used if it must (see ``_evict``)."""
+        free = self.backend.n_ctx - self._cells.used
+        if free < need:
+            used_now = {s.seq_id for s in self._seqs.values() if s.t_used == self._calls}
+            self._evict(need - free, used_now)
+            free = self.backend.n_ctx - self._cells.used
+        return max(0, min(free, need))
+
     def _decode(self, n: int, batch: list[_Sequence]) -> bool:
-        """Run the draft model on the first ``n`` batch rows (their cells counted
-        already), first evicting what it would not fit beside; should llama.cpp find no
-        room even so, evict ``n`` cells' worth more and try once more. On any other
+        """Run the draft model on the first ``n`` batch rows (their cells counted, and
+        made room for, already). Should llama.cpp find no room even so, evict ``n``
+        cells' worth of sequences outside the pass and try once more; on any other
         failure, or a second, forget every sequence and draft nothing this tick."""
-        keep = {seq.seq_id for seq in batch}
-        over = self._cells.used - self.backend.n_ctx
-        if over > 0:
-            self._evict(over, keep)
         self.n_passes += 1
         code = self.backend.decode(0, n)
-        if code == _NO_KV_SPACE and self._evict(n, keep):
+        if code == _NO_KV_SPACE and self._evict(n, {seq.seq_id for seq in batch}):
             self.n_passes += 1
             code = self.backend.decode(0, n)
         if code == 0:
@@ -358,32 +378,3 @@ class ModelDrafter(Drafter):
         """Free the draft model (engine thread, once)."""
         self._seqs.clear()
         self.backend.close()
-
-
-def _fair_shares(feeds: Sequence[tuple[object, list[int], int]], n_rows: int, cap: int) -> list[int]:
-    """How many of its tokens each feed gets into a pass of ``n_rows`` rows: at most
-    ``cap``, and the rows shared max-min fairly (the smallest needs served whole first,
-    so a long prompt takes only what the others leave)."""
-    takes = [0] * len(feeds)
-    order = sorted(range(len(feeds)), key=lambda i: len(feeds[i][1]))
-    left = n_rows
-    for rank, i in enumerate(order):
-        take = min(len(feeds[i][1]), cap, left // (len(order) - rank))
-        takes[i] = take
-        left -= take
-    return takes
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists (``_slots`` sits above)."""
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
-
-
-def _tail(want: DraftWant, start: int) -> list[int]:
-    """The request's tokens (its prompt, then what it generated) from ``start`` on."""
-    n_prompt = len(want.prompt)
-    if start >= n_prompt:
-        return list(want.generated[start - n_prompt :])
-    return list(want.prompt[start:]) + list(want.generated)
