@@ -284,3 +284,102 @@ def test_embed_pickles_and_checks_again() -> None:
     message = Embed(["a", [1, 2]], pooling="cls", normalize=False, model="m", deadline_s=3)
     again = pickle.loads(pickle.dumps(message))
     assert again == message and again.texts == ("a", (1, 2))
+
+
+# -- over HTTP: /v1/embeddings (OpenAI's), /embedding and /embeddings (llama-server's) -----
+
+
+@pytest.fixture(scope="module")
+def http(model_path: str) -> Iterator[Any]:
+    from test_http import Running
+
+    from actors import ServerActor
+    from actors.http import HttpSettings
+
+    server = Running(
+        HttpSettings(model_ids=("smol",), pooling="last"),
+        # Flash attention as by default: it skips other sequences' cells, so equal texts in
+        # one batch give equal vectors (without it they differ by up to 5e-3).
+        lambda: ServerActor.start(model_path=model_path, n_parallel=2, n_ctx=2048),
+    )
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+def test_openai_client_embeddings(http: Any) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=http.url + "/v1", api_key="none", max_retries=0)
+    one = client.embeddings.create(model="text-embedding-3-small", input=TEXTS[0])
+    assert one.model == "text-embedding-3-small" and len(one.data) == 1
+    np.testing.assert_allclose(
+        one.data[0].embedding, embed(http.engine, TEXTS[:1], pooling="last")[0], atol=1e-6
+    )
+    expected = embed(http.engine, TEXTS[:4], pooling="last")
+    many = client.embeddings.create(model="smol", input=TEXTS[:4])
+    assert [d.index for d in many.data] == [0, 1, 2, 3]
+    np.testing.assert_allclose([d.embedding for d in many.data], expected, atol=1e-6)
+    n_tokens = sum(len(http.engine.ask(GetTokenizer()).tokenize(t)) for t in TEXTS[:4])
+    assert many.usage.prompt_tokens == many.usage.total_tokens == n_tokens
+    # The openai package asks for base64 by default and decodes it: the same floats.
+    ids = client.embeddings.create(model="smol", input=[[1, 2, 3], [4, 5]])
+    assert len(ids.data) == 2
+
+
+def test_llama_server_shapes_and_errors(http: Any) -> None:
+    import base64
+    import struct
+
+    import httpx
+
+    def post(path: str, body: Any) -> httpx.Response:
+        return httpx.post(http.url + path, json=body, timeout=60)
+
+    floats = post("/v1/embeddings", {"input": "Test base64 embedding output"}).json()["data"][0]["embedding"]
+    encoded = post("/v1/embeddings", {"input": "Test base64 embedding output", "encoding_format": "base64"})
+    entry = encoded.json()["data"][0]
+    assert entry["encoding_format"] == "base64"
+    decoded = struct.unpack(f"{len(floats)}f", base64.b64decode(entry["embedding"]))
+    np.testing.assert_allclose(decoded, floats, atol=1e-6)
+    for path in ("/embedding", "/embeddings"):
+        native = post(path, {"content": "hello hello hello"}).json()
+        assert len(native) == 1 and native[0]["index"] == 0 and len(native[0]["embedding"][0]) == 576
+    mixed = post(
+        "/v1/embeddings",
+        {"input": ["string1", [12, 34, 56], [12, "string", 34], {"prompt_string": "s"},
+                   {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]},
+                   "hello world"]},
+    ).json()["data"]  # fmt: skip
+    assert len(mixed) == 6
+    assert mixed[4]["embedding"] == mixed[5]["embedding"]
+    same = post("/v1/embeddings", {"input": ["I believe the meaning of life is"] * 5}).json()["data"]
+    assert all(d["embedding"] == same[0]["embedding"] for d in same)
+    raw = post("/embedding", {"content": "x", "embd_normalize": -1}).json()[0]["embedding"][0]
+    assert abs(np.linalg.norm(raw) - 1.0) > 1e-2
+    for body in (
+        {"input": []},
+        {"input": ""},
+        {"input": {"content": "string"}},
+        {"input": {"content": [{"type": "input_audio", "input_audio": {}}]}},
+        {"input": {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}},
+        {"input": "x", "encoding_format": "hex"},
+        {"nothing": 1},
+        {"input": [[1, 10**9]]},
+    ):
+        response = post("/v1/embeddings", body)
+        assert response.status_code == 400, body
+        assert response.json()["error"]["type"] in ("invalid_request_error", "exceed_context_size_error")
+    too_long = post("/v1/embeddings", {"input": "This is a test " * 512})
+    assert too_long.status_code == 400 and "too large" in too_long.json()["error"]["message"]
+
+
+def test_serve_accepts_embedding_and_pooling() -> None:
+    from actors.http._cli import CliError, parse
+
+    plan = parse(["serve", "-c", "64", "--embedding", "--pooling", "cls"], environ={})
+    assert plan.settings.pooling == "cls"
+    assert parse(["serve", "-c", "64"], environ={}).settings.pooling is None
+    for refused in ("none", "rank"):
+        with pytest.raises((CliError, SystemExit)):
+            parse(["serve", "-c", "64", "--pooling", refused], environ={})

@@ -38,12 +38,12 @@ SUPPORTED = (
     "--cors-headers", "--cors-credentials", "--no-cors-credentials", "-rea", "--reasoning",
     "--chat-template-kwargs", "--chat-template", "--chat-template-file", "-v", "--verbose", "--log-verbose",
     "-lv", "--verbosity", "--log-verbosity", "--spec-type", "--spec-draft-n-max", "--spec-draft-model",
-    "-md", "--model-draft", "--spec-draft-p-min", "--draft-p-min",
+    "-md", "--model-draft", "--spec-draft-p-min", "--draft-p-min", "--pooling",
     "-h", "--help", "--usage", "--version",
 )  # fmt: skip
 ACCEPTED = (
     "-cb", "--cont-batching", "--ui", "--webui", "--no-ui", "--no-webui", "--jinja", "--no-jinja",
-    "-bs", "--backend-sampling",
+    "-bs", "--backend-sampling", "--embedding", "--embeddings",
 )  # fmt: skip
 # Refused with their own message: --no-cont-batching (always on).
 SPECIAL = ("-nocb", "--no-cont-batching")

@@ -8,18 +8,20 @@ imports nothing else from ``actors``.
 from __future__ import annotations
 
 from actors.client._aio import achat, agenerate, astream, astream_chat, astream_events
-from actors.client._embed import aembed, embed
+from actors.client._embed import aembed, aembed_result, embed, embed_result
 from actors.client._helpers import chat, generate, stream, stream_chat
 
 __all__ = [
     "achat",
     "aembed",
+    "aembed_result",
     "agenerate",
     "astream",
     "astream_chat",
     "astream_events",
     "chat",
     "embed",
+    "embed_result",
     "generate",
     "stream",
     "stream_chat",

@@ -228,6 +228,7 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         loop_nice=10 if v["loop_nice"] is None else v["loop_nice"],
         chat_template_kwargs=tuple(kwargs),
         verbose=bool(v["verbose"]),
+        pooling=v["pooling"],
     )
     if v["verbose"]:
         log_level = "debug"

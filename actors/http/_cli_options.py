@@ -290,11 +290,17 @@ _OPTIONS = (
             "GGUF with the model's vocabulary, draft_model_path (default: unused)", str, "FNAME"),
     _Option("--spec-draft-p-min", "spec_draft_p_min", "a draft model's draft stops at a token it is "
             "less sure of than P, draft_p_min; only with a draft model (default: 0.00)", _number(0, 1), "P"),
+    _Option("--embedding", "embedding", "serve the embeddings endpoints (llama-server: only with this "
+            "flag). Ours serves /v1/embeddings and /embedding always, beside generation: accepted, it "
+            "changes nothing"),
+    _Option("--pooling", "pooling", "how embeddings are pooled: mean, cls or last (llama-server's none "
+            "and rank are refused) (default: the model's own, else mean)",
+            _choice({"mean": "mean", "cls": "cls", "last": "last"}), "{mean,cls,last}"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
     _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
             "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
 )  # fmt: skip
-_ACCEPTED = frozenset({"cont_batching", "ui", "jinja", "backend_sampling"})  # switches without effect
+_ACCEPTED = frozenset({"cont_batching", "ui", "jinja", "backend_sampling", "embedding"})  # without effect
 _REFUSED_NEGATIONS = MappingProxyType(
     {"cont_batching": "continuous batching is always on in llama-cpp-actors"}
 )
