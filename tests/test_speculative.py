@@ -187,6 +187,14 @@ def test_ngram_drafter_matches_brute_force_as_tokens_come() -> None:
             assert draft.tokens == expected
 
 
+def test_ngram_histories_of_requests_that_left_are_forgotten() -> None:
+    drafter = NgramDrafter()
+    stays, leaves = object(), object()
+    drafter.propose([DraftWant(0, stays, [1, 2, 3, 1, 2], [], 3), DraftWant(1, leaves, [4, 5, 4], [], 3)])
+    drafter.retain({0: stays, 1: object()})  # slot 1 serves another request now
+    assert set(drafter._histories) == {0}
+
+
 # -- the real model -----------------------------------------------------------------------
 
 
@@ -621,3 +629,30 @@ def test_a_draft_model_loads_without_its_chat_template_and_must_not_be_recurrent
     wait_until(lambda: not ref.is_alive(), 60)
     reason = crash_reason(ref.actor_urn)
     assert reason is not None and "ConfigError" in reason and "recurrent or hybrid" in reason
+
+
+def test_a_long_new_prompt_catches_up_in_chunks_beside_other_drafts(start_server: StartServer) -> None:
+    # chunk_size 64: the draft model catches up with a ~400-token prompt 64 tokens a
+    # pass, over several ticks, while the request already generating keeps drafting.
+    ref = draft_engine(start_server, n_parallel=2, chunk_size=64, batch_strategy=AllDrafts())
+    drafter = drafter_of(ref)
+    passes: list[list[int]] = []
+    decode = drafter.backend.decode
+
+    def recording(start: int, end: int) -> int:  # the engine's thread
+        passes.append(drafter.backend.seq_ids[start:end].tolist())
+        return int(decode(start, end))
+
+    drafter.backend.decode = recording  # type: ignore[method-assign]
+    short = ref.ask(Generate(GROUNDED[2], max_tokens=400, temp=0, logit_bias=NO_EOG))
+    wait_until(lambda: len(passes) > 2, 60)
+    tokenizer = ref.ask(GetTokenizer())
+    long_prompt = "\n".join(GROUNDED) * 2
+    n_long = len(tokenizer.tokenize(long_prompt))
+    done = ref.ask(Generate(long_prompt, max_tokens=20, temp=0, logit_bias=NO_EOG)).get(timeout=240)
+    assert done.draft_accepted > 0 and short.get(timeout=240).draft_accepted > 0
+    catch_ups = [row for row in passes if max(map(row.count, row)) > 8]
+    assert all(max(map(row.count, row)) <= 64 for row in catch_ups)  # never a whole prompt at once
+    assert len(catch_ups) >= n_long // 64
+    assert any(len(set(row)) == 2 for row in catch_ups)  # the other slot's new tokens beside
+    assert drafter.n_failures == 0
