@@ -21,7 +21,13 @@ _COPIED_PREFIXES = ("tokenizer.",)
 
 
 def write_tiny_model(
-    path: str | Path, *, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128
+    path: str | Path,
+    *,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
 ) -> str:
     """Write the model to ``path`` (f16 weights, drawn from a fixed seed); return the path."""
     source = gguf.GGUFReader(default_model_path())

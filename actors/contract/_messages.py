@@ -212,6 +212,7 @@ class _RequestMessage:
             value = getattr(self, name)
             if value is not None:
                 self._set(name, _checked_text(name, value, MAX_ID_LENGTH))
+        _require(self.model != "", "model must be a non-empty str (a model's name) or None")
         _require(isinstance(self.truncate, bool), "truncate must be a bool")
         _require(isinstance(self.speculate, bool), f"speculate must be a bool, got {_show(self.speculate)}")
         if self.deadline_s is not None:

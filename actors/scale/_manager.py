@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ __all__ = ["ModelHandle", "ModelManager"]
 
 _DEFAULT_KEEP_ALIVE_S = 300.0
 _STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
+_VERDICT_WAIT_S = 1.0  # how long a refused request waits to learn why its engine died
 _CONTROL = (Cancel, _CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
 
 
@@ -142,6 +144,7 @@ class ModelManager:
     def register(
         self,
         name: str,
+        /,
         *,
         keep_alive_s: float | None = _DEFAULT_KEEP_ALIVE_S,
         pinned: bool = False,
@@ -277,7 +280,7 @@ class ModelManager:
         try:
             return pool.ask(message, block=block, timeout=timeout)
         except EngineStopped as e:
-            raise EngineStopped(f"model {leased!r}: {e}") from None
+            raise EngineStopped(f"model {leased!r}: {_why_down(pool, e)}") from None
         finally:
             tell_quietly(self._actor, Release(leased))
 
@@ -289,7 +292,7 @@ class ModelManager:
         try:
             pool.tell(message)
         except EngineStopped as e:
-            raise EngineStopped(f"model {leased!r}: {e}") from None
+            raise EngineStopped(f"model {leased!r}: {_why_down(pool, e)}") from None
         finally:
             tell_quietly(self._actor, Release(leased))
 
@@ -341,14 +344,24 @@ class ModelManager:
         return unfinished
 
 
+def _why_down(pool: ServerPool, error: EngineStopped) -> str:
+    """Why a model's engine refused a request: its supervisor's verdict (a failed load
+    names llama.cpp's reason), which the monitor thread gives a moment after the engine
+    died; else the refusal itself (caller's thread)."""
+    deadline = time.monotonic() + _VERDICT_WAIT_S
+    while (reason := pool.gave_up()) is None and not pool.up() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return reason or str(error)
+
+
 def _engine_state(pool: ServerPool | None, wait: float) -> tuple[dict[str, Any] | None, str]:
     """A model's engine stats (None unless ready) and state: ``unloaded``, ``loading``
     (it answers once its model is loaded), ``ready``, ``restarting`` (after a crash) or
     ``failed`` (its restarts ran out: the next request loads it again)."""
     if pool is None:
         return None, "unloaded"
-    if pool.gave_up():
-        return None, "failed"
+    if pool.gave_up() is not None:
+        return None, "failed"  # the next request loads it again
     try:
         stats: dict[str, Any] = pool.ask(GetStats(), timeout=wait)
     except (pykka.Timeout, RequestTimeout, EngineStopped):

@@ -195,9 +195,13 @@ class ServerPool:
         """The replicas that take requests now."""
         return tuple(name for name, r in self._replicas.items() if r.up())
 
-    def gave_up(self) -> bool:
-        """True when no replica will take requests again (their restarts ran out)."""
-        return all(replica.gave_up() for replica in self._replicas.values())
+    def gave_up(self) -> str | None:
+        """Why no replica will take requests again (their restarts ran out), or None
+        while one still does or may."""
+        reasons = [replica.gave_up() for replica in self._replicas.values()]
+        if any(reason is None for reason in reasons):
+            return None
+        return "; ".join(f"{name}: {reason}" for name, reason in zip(self._replicas, reasons, strict=True))
 
     def is_alive(self) -> bool:
         """True until :meth:`stop`: each request in flight gets an outcome even if its replica dies."""

@@ -223,8 +223,9 @@ class RayReplica:
     def up(self) -> bool:
         return self._down is None and not self._stopped
 
-    def gave_up(self) -> bool:
-        return self._stopped  # Ray restarts a dead replica's process itself
+    def gave_up(self) -> str | None:
+        # Ray restarts a dead replica's process itself: only a stop is final.
+        return "the pool was stopped" if self._stopped else None
 
     def _died(self, error: BaseException) -> None:
         """The outbox broke: the replica died. Only the outbox reader calls this (a call's

@@ -209,7 +209,7 @@ class ManagerActor(pykka.ThreadingActor):
         (``Release``)."""
         model = self._named(name)
         pool = model.pool
-        if pool is not None and not pool.up() and pool.gave_up():
+        if pool is not None and not pool.up() and pool.gave_up() is not None:
             # Its engine died for good (a load that failed, crashes past max_restarts):
             # free it and load again for this request.
             self._unload(model, "failed")
@@ -248,7 +248,11 @@ class ManagerActor(pykka.ThreadingActor):
                 held_mb=held,
             )
         try:
-            model.pool = ServerPool.start(replicas=model.replicas, name=model.name, **model.options)
+            # No Supervisor restarts: a crashed or unloadable engine gives up at once, its
+            # requests fail with its reason, and the next request loads the model afresh.
+            model.pool = ServerPool.start(
+                replicas=model.replicas, name=model.name, max_restarts=0, **model.options
+            )
         except Exception as e:
             model.last_error = repr(e)
             raise
@@ -267,7 +271,7 @@ class ManagerActor(pykka.ThreadingActor):
         if pool is None:
             return
         if reason == "failed":
-            model.last_error = "its engine stopped: the model failed to load, or crashed too often"
+            model.last_error = pool.gave_up()
         try:
             pool.stop()  # blocks until every replica's engine freed its model
         except Exception:

@@ -48,8 +48,8 @@ class Replica(Protocol):
     def up(self) -> bool:
         """True when it can take requests now (never waits)."""
 
-    def gave_up(self) -> bool:
-        """True when it will never take requests again (its restarts ran out)."""
+    def gave_up(self) -> str | None:
+        """Why it will never take requests again (its restarts ran out), or None."""
 
     def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
         """Admit ``message``; ``future`` gets its Completion or error. ReplicaDown if down.
@@ -161,8 +161,8 @@ class LocalReplica:
     def up(self) -> bool:
         return self.supervisor.current() is not None
 
-    def gave_up(self) -> bool:
-        return self.supervisor.gave_up is not None
+    def gave_up(self) -> str | None:
+        return self.supervisor.gave_up
 
     def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
         ref = self._ref()
