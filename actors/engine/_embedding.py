@@ -4,9 +4,9 @@ A pass of its own, not rows beside generation: with embeddings on, llama.cpp out
 every row of a batch (logits too), so generation's prefill rows would all compute
 logits; and llama-server too runs embedding batches apart. A tick with embedding work
 runs one pass before generation's batch: texts of several requests packed into one
-batch of at most ``n_batch`` rows, each text in its own sequence (an embedding lane,
-:attr:`LlamaBackend.embed_seq_ids`), every row an output; a text longer than
-``n_batch`` goes alone, in several decodes of the same sequence (the model is causal:
+batch of at most ``MAX_PASS_ROWS`` rows (and ``n_batch``), each text in its own
+sequence (an embedding lane, :attr:`LlamaBackend.embed_seq_ids`), every row an output;
+a longer text goes alone, in several decodes of the same sequence (the model is causal:
 each chunk attends to the cells of the ones before). The vectors are pooled here, in
 numpy, from the per-token embeddings (the context's pooling is ``NONE``), so every
 pooling works on one context. Every cell a pass wrote is freed before the pass returns:
@@ -39,7 +39,13 @@ from actors.contract._errors import (
 )
 from actors.engine._delivery import settle
 
-__all__ = ["EmbedJob", "Embedder", "PreparedEmbed", "prepare_embed"]
+__all__ = ["MAX_PASS_ROWS", "EmbedJob", "Embedder", "PreparedEmbed", "prepare_embed"]
+
+MAX_PASS_ROWS = 256
+"""Rows of one embedding decode at most (and of ``n_batch``). With embeddings on every
+row is an output, and llama.cpp keeps an output buffer of logits and embeddings sized
+for the most rows a decode had: 256 rows of a 49,152-token vocabulary are 50 MB, where
+2,048 (the default ``n_batch``) would be 400 MB."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +216,7 @@ class Embedder:
     def _pack(self) -> list[_Text]:
         """The texts of this pass, first come first served: as many as ``n_batch`` rows
         and the lanes hold, or one text longer than that, alone."""
-        n_batch, lanes = self.backend.n_batch, self.backend.embed_seq_ids
+        n_batch, lanes = min(self.backend.n_batch, MAX_PASS_ROWS), self.backend.embed_seq_ids
         texts: list[_Text] = []
         rows = 0
         for job in self.queue:
@@ -227,7 +233,7 @@ class Embedder:
     def _decode(self, texts: list[_Text]) -> int:
         """Decode the texts, accumulating each one's pooled rows; llama_decode's code."""
         backend = self.backend
-        n_batch = backend.n_batch
+        n_batch = min(backend.n_batch, MAX_PASS_ROWS)
         if len(texts) == 1 and len(texts[0].tokens) > n_batch:
             text = texts[0]
             for start in range(0, len(text.tokens), n_batch):
