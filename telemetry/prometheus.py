@@ -11,7 +11,8 @@
 The receivers run in the engine thread (as every receiver) and only update counters,
 gauges and histograms, which ``prometheus_client`` makes thread-safe; scraping happens in
 the HTTP server's thread. Every metric carries a ``replica`` label: empty for a single
-engine, the replica's name for the engines of a ``ServerPool``.
+engine, the replica's name for the engines of a ``ServerPool``, the model's name for
+those of a ``ModelManager`` (``model_unloads`` has ``model`` instead).
 
 ======================================================  =========  ==========================
 metric                                                  type       from
@@ -31,6 +32,8 @@ metric                                                  type       from
 ``llama_cpp_actors_kv_usage_ratio``                     gauge      tick
 ``llama_cpp_actors_kv_pressure_events_total{event}``    counter    kv_pressure
 ``llama_cpp_actors_server_restarts_total``              counter    server_restart
+``llama_cpp_actors_model_loads_total``                  counter    model_load (once loaded)
+``llama_cpp_actors_model_unloads_total{model,reason}``  counter    model_unload
 ======================================================  =========  ==========================
 """
 
@@ -135,6 +138,10 @@ class PrometheusExporter:
             ["replica"],
             **kw,
         )
+        self.model_loads = Counter("model_loads", "Engines that finished loading a model.", ["replica"], **kw)
+        self.model_unloads = Counter(
+            "model_unloads", "Models a ModelManager unloaded, by reason.", ["model", "reason"], **kw
+        )
         self._collectors = [
             self.requests,
             self.prompt_tokens,
@@ -154,6 +161,8 @@ class PrometheusExporter:
             self.draft_tokens,
             self.draft_accepted,
             self.draft_acceptance,
+            self.model_loads,
+            self.model_unloads,
         ]
         self._lock = threading.Lock()  # the hit ratio's two sums; engines of a pool run in parallel
         self._prompt_sum: dict[str, int] = {}
@@ -167,6 +176,8 @@ class PrometheusExporter:
                 telemetry.tick: self._on_tick,
                 telemetry.kv_pressure: self._on_kv_pressure,
                 telemetry.server_restart: self._on_restart,
+                telemetry.model_load: self._on_load,
+                telemetry.model_unload: self._on_unload,
             }
         )
 
@@ -225,3 +236,10 @@ class PrometheusExporter:
 
     def _on_restart(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         self.restarts.labels(_replica(metadata)).inc()
+
+    def _on_load(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        if measurements.get("load_ms") is not None:  # progress reports come before it
+            self.model_loads.labels(_replica(metadata)).inc()
+
+    def _on_unload(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        self.model_unloads.labels(str(metadata["model"]), str(metadata["reason"])).inc()

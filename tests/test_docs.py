@@ -93,6 +93,7 @@ def test_every_signal_in_the_table_exists_with_its_name() -> None:
         "ram_cache",
         "server_restart",
         "model_load",
+        "model_unload",
     }
     for attr, name in rows:
         assert getattr(telemetry, attr).name == name

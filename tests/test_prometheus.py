@@ -117,3 +117,25 @@ def test_a_pool_is_exported_per_replica(model_path: str) -> None:
         assert value(samples, "requests_total", replica=replica, stop_reason="max_tokens") == 2
         assert value(samples, "generated_tokens_total", replica=replica) == 6
         assert value(samples, "tick_batch_tokens_count", replica=replica) >= 3
+
+
+def test_a_model_managers_engines_are_exported_by_model(model_path: str) -> None:
+    from actors import ModelManager
+
+    registry = CollectorRegistry()
+    exporter = PrometheusExporter(registry)
+    small = {"model_path": model_path, "n_parallel": 1, "n_ctx": 512, "n_threads": 1}
+    manager = ModelManager.start({"chat": small, "other": small}, memory_budget_mb=10_000)
+    try:
+        for name in ("chat", "chat", "other"):
+            manager.ask(Generate("Hi", max_tokens=3, logit_bias=NO_EOG, model=name)).get(timeout=60)
+        manager.unload("other")
+        samples = scrape(registry)
+    finally:
+        manager.stop()
+        exporter.close()
+    assert value(samples, "requests_total", replica="chat", stop_reason="max_tokens") == 2
+    assert value(samples, "requests_total", replica="other", stop_reason="max_tokens") == 1
+    assert value(samples, "model_loads_total", replica="chat") == 1
+    unloads = ("llama_cpp_actors_model_unloads_total", (("model", "other"), ("reason", "unloaded")))
+    assert samples[unloads] == 1
