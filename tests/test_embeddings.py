@@ -383,3 +383,42 @@ def test_serve_accepts_embedding_and_pooling() -> None:
     for refused in ("none", "rank"):
         with pytest.raises((CliError, SystemExit)):
             parse(["serve", "-c", "64", "--pooling", refused], environ={})
+
+
+# llama.cpp aborts the process on a sequence id past n_seq_max, a batch past n_batch,
+# or sequences outnumbering n_batch: the edges of the lanes run in a child process.
+EDGES = """
+import numpy as np
+from actors import InvalidRequest, ServerActor, embed, generate
+ref = ServerActor.start(n_parallel=2, n_ctx=256, n_batch=8, n_threads=1)  # 6 lanes, passes of 8 rows
+vectors = embed(ref, [f"text {i}" for i in range(20)] + ["a longer text " * 12], timeout=120)
+assert vectors.shape == (21, 576) and np.isfinite(vectors).all()
+generate(ref, "Hello", max_tokens=4, timeout=60)
+ref.stop()
+ref = ServerActor.start(n_parallel=4, n_ctx=256, n_batch=4, n_threads=1)  # no lane to spare
+try:
+    embed(ref, ["x"], timeout=60)
+    raise SystemExit("not refused")
+except InvalidRequest as e:
+    assert "no sequence to spare" in str(e), e
+ref.stop()
+ref = ServerActor.start(n_parallel=255, n_ctx=4096, n_batch=512, n_threads=1)  # one lane: LLAMA_MAX_SEQ
+assert embed(ref, ["one", "two", "three"], timeout=120).shape == (3, 576)
+ref.stop()
+print("ok")
+"""
+
+
+def test_the_lanes_edges_never_abort_llama_cpp() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", EDGES], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_embeddings_pickle() -> None:
+    result = Embeddings("r", np.ones((2, 3), np.float32), (1, 2), "mean", True, 1.0)
+    again = pickle.loads(pickle.dumps(result))
+    assert again.request_id == "r" and again.total_tokens == 3
+    np.testing.assert_array_equal(again.vectors, result.vectors)

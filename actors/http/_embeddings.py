@@ -117,7 +117,9 @@ async def _embed(request: Request) -> tuple[dict[str, Any], Any, bool]:
             texts[index] = tokens
     if any(not t for t in texts):
         raise HttpError(400, "Input content cannot be empty")
-    message = Embed(texts, pooling=service.settings.pooling, normalize=normalize == 2)
+    pooling = service.settings.pooling
+    # Checking up to 16 Mi characters of texts is a work thread's job, not the loop's.
+    message = await service.run(lambda: Embed(texts, pooling=pooling, normalize=normalize == 2))
     return dict(body), await aembed_result(service.engine, message), oai
 
 
