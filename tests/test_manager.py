@@ -389,3 +389,20 @@ def test_the_memory_estimate_is_within_15_percent_of_the_measured_growth(
     )  # fmt: skip
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["estimate"] == pytest.approx(result["measured"], rel=0.15), result
+
+
+def test_max_models_and_autoload(managers: Callable[..., ModelManager], unloads: list[tuple[str, str]]) -> None:
+    manager = managers({"a": SMALL, "b": SMALL}, memory_budget_mb=10 * ONE_MB, max_models=1)
+    generate(manager, "Hi", max_tokens=1, model="a", timeout=60)
+    generate(manager, "Hi", max_tokens=1, model="b", timeout=60)
+    assert states(manager) == {"a": "unloaded", "b": "ready"}  # the budget had room; the count did not
+    assert unloads == [("a", "evicted")]
+
+    told = managers({"a": SMALL}, memory_budget_mb=10 * ONE_MB, autoload=False)
+    with pytest.raises(ModelLoadError, match="not loaded"):
+        generate(told, "Hi", max_tokens=1, timeout=60)
+    told.load("a")
+    assert generate(told, "Hi", max_tokens=1, timeout=60).generated_tokens == 1
+    for bad in ({"max_models": -1}, {"max_models": 1.5}, {"max_models": True}, {"autoload": "yes"}):
+        with pytest.raises(ConfigError):
+            ModelManager.start(memory_budget_mb=100, **bad)

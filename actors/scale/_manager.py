@@ -85,9 +85,11 @@ class ModelManager:
     ..., model="chat")``). Every method runs in the caller's thread.
     """
 
-    def __init__(self, budget_mb: float, default: str | None) -> None:
+    def __init__(
+        self, budget_mb: float, default: str | None, max_models: int = 0, autoload: bool = True
+    ) -> None:
         self._stopped = False
-        self._actor: pykka.ActorRef[Any] = ManagerActor.start(budget_mb, default, self)
+        self._actor: pykka.ActorRef[Any] = ManagerActor.start(budget_mb, default, self, max_models, autoload)
 
     @classmethod
     def start(
@@ -96,6 +98,8 @@ class ModelManager:
         *,
         memory_budget_mb: float | None = None,
         default: str | None = None,
+        max_models: int = 0,
+        autoload: bool = True,
     ) -> ModelManager:
         """Start a manager and register ``models`` (``{name: register's keywords}``).
 
@@ -107,6 +111,10 @@ class ModelManager:
                 estimates; None: 80% of the machine's memory.
             default: the model a request without ``model`` goes to; without it, such a
                 request needs the manager to hold exactly one model.
+            max_models: at most this many models loaded at once (llama-server's
+                ``--models-max``); 0: as many as the budget holds.
+            autoload: load a model for its first request; False: a request for a model
+                that is not loaded fails with ``ModelLoadError`` (load it with :meth:`load`).
 
         Raises:
             ConfigError: a bad option or model; MemoryBudgetExceeded: an eager model
@@ -124,9 +132,13 @@ class ModelManager:
             budget = float(memory_budget_mb)
         if default is not None:
             default = _checked_name(default)
+        if isinstance(max_models, bool) or not isinstance(max_models, int) or not 0 <= max_models <= 1024:
+            raise ConfigError(f"max_models must be an int from 0 (no limit) to 1024, got {max_models!r}")
+        if not isinstance(autoload, bool):
+            raise ConfigError(f"autoload must be a bool, got {autoload!r}")
         if models is not None and not isinstance(models, Mapping):
             raise ConfigError("models must be a dict of {name: options}")
-        manager = cls(budget, default)
+        manager = cls(budget, default, max_models, autoload)
         try:
             for name, options in (models or {}).items():
                 if not isinstance(options, Mapping):
@@ -205,7 +217,7 @@ class ModelManager:
             InvalidRequest: unknown model. MemoryBudgetExceeded: it cannot fit now.
         """
         self._check_running()
-        leased, _ = self._lease(name)
+        leased, _ = self._lease(name, load=True)
         tell_quietly(self._actor, Release(leased))
 
     def models(self) -> tuple[str, ...]:
@@ -260,10 +272,10 @@ class ModelManager:
         if self._stopped or not self._actor.is_alive():
             raise EngineStopped("the model manager was stopped")
 
-    def _lease(self, name: str | None) -> tuple[str, ServerPool]:
+    def _lease(self, name: str | None, load: bool = False) -> tuple[str, ServerPool]:
         self._check_running()
         try:
-            leased: tuple[str, ServerPool] = self._call(Acquire(name))
+            leased: tuple[str, ServerPool] = self._call(Acquire(name, load))
         except pykka.ActorDeadError:
             raise EngineStopped("the model manager was stopped") from None
         return leased

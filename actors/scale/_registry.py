@@ -19,7 +19,7 @@ import pykka
 
 import telemetry
 from actors.actor._estimate import MemoryEstimate
-from actors.contract._errors import ConfigError, InvalidRequest, MemoryBudgetExceeded
+from actors.contract._errors import ConfigError, InvalidRequest, MemoryBudgetExceeded, ModelLoadError
 from actors.scale._pool import ServerPool
 
 __all__ = [
@@ -84,6 +84,7 @@ class Unregister:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Acquire:
     name: str | None
+    load: bool = False  # load it even without autoload (an explicit load)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,10 +116,14 @@ class ManagerActor(pykka.ThreadingActor):
 
     use_daemon_thread = True
 
-    def __init__(self, budget_mb: float, default: str | None, sender: object) -> None:
+    def __init__(
+        self, budget_mb: float, default: str | None, sender: object, max_models: int, autoload: bool
+    ) -> None:
         super().__init__()
         self.budget_mb = budget_mb
         self.default = default
+        self.max_models = max_models  # 0: no limit
+        self.autoload = autoload
         self.sender = sender  # what the signals name as their sender: the handle
         self.models: dict[str, Model] = {}
         self._timer: threading.Timer | None = None
@@ -129,7 +134,7 @@ class ManagerActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> Any:
         """Dispatch one message; its errors go back to the asker."""
         if isinstance(message, Acquire):
-            return self._acquire(message.name)
+            return self._acquire(message.name, message.load)
         if isinstance(message, Release):
             model = self.models.get(message.name)
             if model is not None:
@@ -204,7 +209,7 @@ class ManagerActor(pykka.ThreadingActor):
                 del self.models[model.name]
                 raise
 
-    def _acquire(self, name: str | None) -> tuple[str, ServerPool]:
+    def _acquire(self, name: str | None, load: bool) -> tuple[str, ServerPool]:
         """The model's name and engine, loaded if needed, with a lease the caller ends
         (``Release``)."""
         model = self._named(name)
@@ -214,11 +219,22 @@ class ManagerActor(pykka.ThreadingActor):
             # free it and load again for this request.
             self._unload(model, "failed")
         if model.pool is None:
+            if not (self.autoload or load):
+                raise ModelLoadError(
+                    f"model {model.name!r} is not loaded, and this manager loads models only when told"
+                )
             self._load(model)
         assert model.pool is not None
         model.leases += 1
         model.idle_since = time.monotonic()
         return model.name, model.pool
+
+    def _loaded(self) -> int:
+        return sum(1 for m in self.models.values() if m.pool is not None)
+
+    def _fits(self, needed_mb: float) -> bool:
+        room = not self.max_models or self._loaded() < self.max_models
+        return room and self._held_mb() + needed_mb <= self.budget_mb
 
     def _held_mb(self) -> float:
         return sum(m.estimate.total_mb for m in self.models.values() if m.pool is not None)
@@ -227,18 +243,23 @@ class ManagerActor(pykka.ThreadingActor):
         """Start the model's engine (its model loads in the engine's thread), first
         unloading idle models, least recently used first, until it fits."""
         needed = model.estimate.total_mb
-        if self._held_mb() + needed > self.budget_mb:
+        if not self._fits(needed):
             idle = sorted(
                 (m for m in self.models.values() if m.pool is not None and self._evictable(m)),
                 key=lambda m: m.idle_since,
             )
             for victim in idle:
-                if self._held_mb() + needed <= self.budget_mb:
+                if self._fits(needed):
                     break
                 self._unload(victim, "evicted")
         held = self._held_mb()
+        busy = [m.name for m in self.models.values() if m.pool is not None]
+        if self.max_models and len(busy) >= self.max_models:
+            raise ModelLoadError(
+                f"model {model.name!r} cannot load: {len(busy)} models are loaded (max_models="
+                f"{self.max_models}) and none is idle ({', '.join(busy)})"
+            )
         if held + needed > self.budget_mb:
-            busy = [m.name for m in self.models.values() if m.pool is not None]
             raise MemoryBudgetExceeded(
                 f"model {model.name!r} needs about {needed:.0f} MiB, but {held:.0f} MiB of the "
                 f"{self.budget_mb:.0f} MiB budget is held by models in use or pinned "
@@ -325,6 +346,8 @@ class ManagerActor(pykka.ThreadingActor):
     def _snapshot(self) -> dict[str, Any]:
         return {
             "budget_mb": self.budget_mb,
+            "max_models": self.max_models,
+            "autoload": self.autoload,
             "held_mb": self._held_mb(),
             "default": self.default,
             "models": {
