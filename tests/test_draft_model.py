@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 from actors.engine._draft_model import ModelDrafter
 from actors.engine._speculative import DraftWant
@@ -216,9 +217,10 @@ def test_a_long_new_prompt_catches_up_over_ticks_and_starves_no_other_slot() -> 
     assert d.n_failures == 0
 
 
-def test_no_draft_reaches_past_the_draft_models_training_context() -> None:
+def test_no_draft_reaches_past_the_draft_models_training_context(caplog: pytest.LogCaptureFixture) -> None:
     context = FakeDraftContext(n_ctx=512, n_batch=128, n_ctx_train=40)
     d = drafter(context)
+    assert "trained on 40 positions" in caplog.text  # said once, at load
     owner = object()
     prompt = list(range(11, 47))  # 36 tokens
     [near] = d.propose([want(0, owner, prompt, [12, 13], 16)])  # 38 known

@@ -94,6 +94,11 @@ class ModelDrafter(Drafter):
         self.n_ctx_slot = n_ctx_slot
         # Positions past what the draft model was trained on make drafts that are noise.
         self.n_pos = min(n_ctx_slot, backend.n_ctx_train) if backend.n_ctx_train > 0 else n_ctx_slot
+        if self.n_pos < n_ctx_slot:
+            _log.warning(
+                "the draft model was trained on %d positions, a slot holds %d: requests past %d do not draft",
+                self.n_pos, n_ctx_slot, self.n_pos,
+            )  # fmt: skip
         self.p_min = p_min
         self.chunk_size = chunk_size
         self._seqs: dict[int, _Sequence] = {}
