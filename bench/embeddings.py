@@ -14,7 +14,7 @@ context, 8 generating sequences' decode rows and 16 texts, either as two decodes
 generation batch, then an embedding pass of its own) or as one decode with embeddings on
 (the texts' rows beside generation's).
 
-    python bench/embeddings.py [--callers 16] [--texts 8] [--rounds 3] [--design]
+    python bench/embeddings.py [--callers 16] [--texts 8] [--rounds 3] [--out DIR] [--design]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ Embedder = Callable[[str], Any]
 
 def _engine(model_path: str, n_threads: int, pooling: str) -> tuple[Embedder, Callable[[], None]]:
     ref = ServerActor.start(model_path=model_path, n_parallel=4, n_ctx=4096, n_threads=n_threads)
-    embed(ref, ["warm up"], timeout=120)
+    embed(ref, texts(8, "warm-up"), timeout=300)  # the first full pass allocates llama.cpp's buffers
     return (lambda text: embed(ref, [text], pooling=pooling, timeout=300)), ref.stop  # type: ignore[arg-type]
 
 
@@ -71,6 +71,7 @@ def _llama_lock(model_path: str, n_threads: int, pooling: str) -> tuple[Embedder
         n_threads=n_threads, n_threads_batch=n_threads, flash_attn=True, verbose=False,
     )  # fmt: skip
     lock = threading.Lock()
+    llm.embed(texts(8, "warm-up"))
 
     def one(text: str) -> Any:
         with lock:
@@ -108,6 +109,8 @@ def _llama_server(model_path: str, n_threads: int, pooling: str) -> tuple[Embedd
         proc.terminate()
         proc.wait(timeout=30)
 
+    for text in texts(8, "warm-up"):
+        one(text)
     return one, stop
 
 
@@ -122,7 +125,15 @@ def throughput(one: Embedder, callers: int, per_caller: int, tag: str) -> float:
     return callers * per_caller / (time.perf_counter() - t0)
 
 
-def run(systems: list[str], callers: int, per_caller: int, rounds: int, n_threads: int, pooling: str) -> None:
+def run(
+    systems: list[str],
+    callers: int,
+    per_caller: int,
+    rounds: int,
+    n_threads: int,
+    pooling: str,
+    out: Path | None,
+) -> None:
     model_path = default_model_path()
     results: dict[str, list[float]] = {s: [] for s in systems}
     for r in range(rounds):
@@ -137,9 +148,14 @@ def run(systems: list[str], callers: int, per_caller: int, rounds: int, n_thread
     print(f"\n{callers} callers x {per_caller} texts, pooling {pooling}, median of {rounds} rounds:")
     for name, value in medians.items():
         print(f"  {name:13s} {value:7.1f} texts/s")
+    lines = [f"{callers} callers x {per_caller} texts, pooling {pooling}, median of {rounds} rounds", ""]
+    lines += ["| system | texts/s |", "|---|---|", *(f"| {n} | {v:.1f} |" for n, v in medians.items())]
     for peer in ("llama-lock", "llama-server"):
         if "engine" in medians and peer in medians:
             print(f"  engine / {peer}: {medians['engine'] / medians[peer]:.2f}x")
+            lines.append(f"\nengine / {peer}: {medians['engine'] / medians[peer]:.2f}x")
+    if out is not None:
+        (out / "embeddings.md").write_text("\n".join(lines) + "\n")
 
 
 def design(repeats: int, n_threads: int) -> None:
@@ -212,7 +228,11 @@ def main() -> None:
     parser.add_argument("--pooling", choices=("mean", "cls", "last"), default="mean")
     parser.add_argument("--systems", default="engine,llama-lock,llama-server")
     parser.add_argument("--design", action="store_true", help="measure own pass against beside")
+    parser.add_argument("--quick", action="store_true", help="2 callers, 1 text, 1 round (a smoke test)")
+    parser.add_argument("--out", type=Path, default=None, help="a directory for embeddings.md")
     args = parser.parse_args()
+    if args.quick:
+        args.callers, args.texts, args.rounds = 2, 1, 1
     if args.design:
         design(max(args.rounds, 5), args.n_threads)
         return
@@ -220,7 +240,7 @@ def main() -> None:
     if "llama-server" in systems and not os.environ.get("LLAMA_SERVER_BIN"):
         print("llama-server: LLAMA_SERVER_BIN is not set (make bench-peers builds it); skipped")
         systems.remove("llama-server")
-    run(systems, args.callers, args.texts, args.rounds, args.n_threads, args.pooling)
+    run(systems, args.callers, args.texts, args.rounds, args.n_threads, args.pooling, args.out)
 
 
 if __name__ == "__main__":

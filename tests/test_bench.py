@@ -158,3 +158,10 @@ def test_speculative_bound(tmp_path: Path) -> None:
     table = (tmp_path / "speculative_bound.md").read_text()
     for row in ("| grounded | oracle |", "| grounded | rule |", "| open | fixed 4 |"):
         assert row in table
+
+
+@pytest.mark.bench_smoke
+@pytest.mark.timeout(450)
+def test_embeddings(tmp_path: Path) -> None:
+    out = run("embeddings.py", tmp_path, "--quick", "--systems", "engine,llama-lock")
+    assert "engine / llama-lock" in out and "| engine |" in (tmp_path / "embeddings.md").read_text()
