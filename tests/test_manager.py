@@ -391,7 +391,9 @@ def test_the_memory_estimate_is_within_15_percent_of_the_measured_growth(
     assert result["estimate"] == pytest.approx(result["measured"], rel=0.15), result
 
 
-def test_max_models_and_autoload(managers: Callable[..., ModelManager], unloads: list[tuple[str, str]]) -> None:
+def test_max_models_and_autoload(
+    managers: Callable[..., ModelManager], unloads: list[tuple[str, str]]
+) -> None:
     manager = managers({"a": SMALL, "b": SMALL}, memory_budget_mb=10 * ONE_MB, max_models=1)
     generate(manager, "Hi", max_tokens=1, model="a", timeout=60)
     generate(manager, "Hi", max_tokens=1, model="b", timeout=60)
