@@ -212,7 +212,9 @@ def no_stray_cells(ref: pykka.ActorRef[Any]) -> None:
 
 def test_greedy_output_with_drafts_equals_without_alone(start_server: StartServer) -> None:
     refs = references(start_server, GROUNDED, 48)
-    spec = start_server(n_parallel=1, spec_type="ngram")
+    # Every draft verified: how many the default rule verifies depends on the measured
+    # cost of a pass (timing), and a loaded machine made it verify fewer (35 < 48 once).
+    spec = start_server(n_parallel=1, spec_type="ngram", batch_strategy=AllDrafts())
     accepted = 0
     for prompt, reference in zip(GROUNDED, refs, strict=True):
         got = spec.ask(Generate(prompt, max_tokens=48, temp=0, logit_bias=NO_EOG)).get(timeout=240)

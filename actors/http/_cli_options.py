@@ -293,9 +293,11 @@ _OPTIONS = (
     _Option("--embedding", "embedding", "serve the embeddings endpoints (llama-server: only with this "
             "flag). Ours serves /v1/embeddings and /embedding always, beside generation: accepted, it "
             "changes nothing"),
-    _Option("--pooling", "pooling", "how embeddings are pooled: mean, cls or last (llama-server's none "
-            "and rank are refused) (default: the model's own, else mean)",
-            _choice({"mean": "mean", "cls": "cls", "last": "last"}), "{mean,cls,last}"),
+    _Option("--pooling", "pooling", "how embeddings are pooled: mean, cls or last; none serves no "
+            "pooled embeddings (/v1/embeddings answers 400, as llama-server's, and /embedding 501: "
+            "ours has no per-token output); llama-server's rank is refused (default: the model's "
+            "own, else mean)",
+            _choice({"mean": "mean", "cls": "cls", "last": "last", "none": "none"}), "{mean,cls,last,none}"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
     _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
             "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),

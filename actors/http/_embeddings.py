@@ -102,6 +102,12 @@ async def _embed(request: Request) -> tuple[dict[str, Any], Any, bool]:
         value, oai = body["content"], False
     else:
         raise HttpError(400, '"input" or "content" must be provided')
+    if service.settings.pooling == "none":  # llama-server's answer; its per-token output is not offered
+        if oai and request.url.path == "/v1/embeddings":
+            raise HttpError(
+                400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
+            )
+        raise HttpError(501, "per-token embeddings (--pooling none) are not supported by llama-cpp-actors")
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise HttpError(400, _FORMAT_ERROR)

@@ -49,7 +49,8 @@ class HttpSettings:
             (``--chat-template-kwargs``; ``--reasoning`` sets ``enable_thinking``).
         verbose: log every request.
         pooling: how the embeddings endpoints pool (``--pooling``): ``"mean"``, ``"cls"``
-            or ``"last"``; None: the model's own, else mean.
+            or ``"last"``; None: the model's own, else mean. ``"none"`` serves no pooled
+            embeddings (llama-server's per-token output is not offered).
         loop_nice: on Linux, once the engine is up, the event loop's thread (and the
             threads it starts later) run at this nice value, so the scheduler lets
             llama.cpp's compute threads, which run at the process's own, finish a
@@ -74,7 +75,7 @@ class HttpSettings:
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     verbose: bool = False
     loop_nice: int = 10
-    pooling: Literal["mean", "cls", "last"] | None = None
+    pooling: Literal["mean", "cls", "last", "none"] | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_ids", "tags", "api_keys"):
@@ -96,8 +97,8 @@ class HttpSettings:
             )
         if type(self.max_connections) is not int or not 1 <= self.max_connections <= 1 << 20:
             raise ConfigError(f"max_connections must be within [1, 2**20], got {self.max_connections!r}")
-        if self.pooling not in (None, "mean", "cls", "last"):
-            raise ConfigError(f"pooling must be mean, cls, last or None, got {self.pooling!r}")
+        if self.pooling not in (None, "mean", "cls", "last", "none"):
+            raise ConfigError(f"pooling must be mean, cls, last, none or None, got {self.pooling!r}")
         if type(self.loop_nice) is not int or not 0 <= self.loop_nice <= 19:
             raise ConfigError(f"loop_nice must be an int within [0, 19], got {self.loop_nice!r}")
         if not isinstance(self.drain_timeout_s, int | float) or not 0 <= self.drain_timeout_s <= 3600:
