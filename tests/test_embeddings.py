@@ -380,7 +380,8 @@ def test_serve_accepts_embedding_and_pooling() -> None:
     plan = parse(["serve", "-c", "64", "--embedding", "--pooling", "cls"], environ={})
     assert plan.settings.pooling == "cls"
     assert parse(["serve", "-c", "64"], environ={}).settings.pooling is None
-    for refused in ("none", "rank"):
+    assert parse(["serve", "-c", "64", "--pooling", "none"], environ={}).settings.pooling == "none"
+    for refused in ("rank", "max"):
         with pytest.raises((CliError, SystemExit)):
             parse(["serve", "-c", "64", "--pooling", refused], environ={})
 
@@ -422,3 +423,24 @@ def test_embeddings_pickle() -> None:
     again = pickle.loads(pickle.dumps(result))
     assert again.request_id == "r" and again.total_tokens == 3
     np.testing.assert_array_equal(again.vectors, result.vectors)
+
+
+def test_pooling_none_is_llama_servers_400_on_the_openai_endpoint(model_path: str) -> None:
+    import httpx
+    from test_http import Running
+
+    from actors import ServerActor
+    from actors.http import HttpSettings
+
+    server = Running(
+        HttpSettings(pooling="none"),
+        lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512),
+    )
+    try:
+        server.wait_ready()
+        oai = httpx.post(server.url + "/v1/embeddings", json={"input": "hello hello hello"}, timeout=60)
+        assert oai.status_code == 400 and "not OAI compatible" in oai.json()["error"]["message"]
+        native = httpx.post(server.url + "/embedding", json={"content": "hello"}, timeout=60)
+        assert native.status_code == 501
+    finally:
+        server.stop()
