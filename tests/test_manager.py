@@ -22,6 +22,7 @@ from actors import (
     Cancel,
     ConfigError,
     Done,
+    Drain,
     EngineStopped,
     Failed,
     Generate,
@@ -408,3 +409,16 @@ def test_max_models_and_autoload(
     for bad in ({"max_models": -1}, {"max_models": 1.5}, {"max_models": True}, {"autoload": "yes"}):
         with pytest.raises(ConfigError):
             ModelManager.start(memory_budget_mb=100, **bad)
+
+
+def test_a_model_handle_answers_for_its_model(managers: Callable[..., ModelManager]) -> None:
+    manager = managers({"a": SMALL, "b": SMALL}, memory_budget_mb=10 * ONE_MB)
+    handle = manager.engine("a")
+    assert handle.ask(GetStats())["state"] == "unloaded"  # asking does not load it
+    generate(handle, "Hi", max_tokens=1, timeout=60)
+    stats = handle.ask(GetStats())
+    assert stats["state"] == "ready" and stats["engine"]["replicas_up"] == 1
+    assert handle.ask(GetInfo())["n_ctx"] == 512
+    with pytest.raises(InvalidRequest, match="drain the manager"):
+        handle.ask(Drain())
+    assert states(manager) == {"a": "ready", "b": "unloaded"}

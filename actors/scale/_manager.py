@@ -323,7 +323,12 @@ class ModelManager:
                         pool.tell(message)
             return None
         if isinstance(message, GetStats):
-            return self._stats(timeout)
+            stats = self._stats(timeout)
+            if name is None:
+                return stats
+            if name not in stats["models"]:
+                raise InvalidRequest(f"unknown model {name!r}: this manager serves {listed(stats['models'])}")
+            return stats["models"][name]
         if isinstance(message, Drain):
             return self._drain(message)
         leased, pool = self._lease(name)  # GetInfo, GetTokenizer: the model's own
@@ -405,6 +410,10 @@ class ModelHandle:
         self.name = name
 
     def _model(self, message: Any) -> str:
+        if isinstance(message, Drain):
+            raise InvalidRequest(
+                f"drain the manager, or unload the model {self.name!r}, not one model's handle"
+            )
         named = getattr(message, "model", None)
         if named is not None and named != self.name:
             raise InvalidRequest(f"the request names model {named!r} but was sent to {self.name!r}")
@@ -415,7 +424,9 @@ class ModelHandle:
         return self.manager.is_alive()
 
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
-        """As :meth:`ModelManager.ask`, for this model."""
+        """As :meth:`ModelManager.ask`, for this model: ``GetStats`` gives this model's
+        entry of the manager's stats (its ``state``, its ``engine``'s stats when ready),
+        without loading it; a ``Drain`` is refused (unload the model instead)."""
         return self.manager._ask(message, self._model(message), block, timeout)
 
     def tell(self, message: Any) -> None:
