@@ -99,8 +99,10 @@ def _scalar(file: IO[bytes], kind: int) -> Any:
     return struct.unpack(fmt, _read(file, struct.calcsize(fmt)))[0]
 
 
-def _array(file: IO[bytes], key: str, values: dict[str, Any]) -> None:
+def _array(file: IO[bytes], key: str, values: dict[str, Any], file_bytes: int) -> None:
     item, count = struct.unpack("<IQ", _read(file, 12))
+    if count > file_bytes:  # every item takes a byte at least: a lie that would loop for hours
+        raise ValueError(f"implausible GGUF array {key!r} of {count} items")
     values[f"{key}#len"] = count
     if item == _STRING:
         for _ in range(count):
@@ -143,7 +145,7 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
                 key = _string(file)
                 (kind,) = struct.unpack("<I", _read(file, 4))
                 if kind == _ARRAY:
-                    _array(file, key, values)
+                    _array(file, key, values, file_bytes)
                 else:
                     values[key] = _scalar(file, kind)
         except (struct.error, UnicodeDecodeError) as e:
