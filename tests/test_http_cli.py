@@ -39,6 +39,7 @@ SUPPORTED = (
     "--chat-template-kwargs", "--chat-template", "--chat-template-file", "-v", "--verbose", "--log-verbose",
     "-lv", "--verbosity", "--log-verbosity", "--spec-type", "--spec-draft-n-max", "--spec-draft-model",
     "-md", "--model-draft", "--spec-draft-p-min", "--draft-p-min", "--pooling",
+    "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
     "-h", "--help", "--usage", "--version",
 )  # fmt: skip
 ACCEPTED = (
@@ -48,7 +49,8 @@ ACCEPTED = (
 # Refused with their own message: --no-cont-batching (always on).
 SPECIAL = ("-nocb", "--no-cont-batching")
 OURS = (
-    "--strategy", "--replicas", "--backend", "--max-queue", "--chunk-size", "--drain-timeout", "--loop-nice"
+    "--strategy", "--replicas", "--backend", "--max-queue", "--chunk-size", "--drain-timeout", "--loop-nice",
+    "--models-memory-mb", "--models-keep-alive",
 )  # fmt: skip
 UNSUPPORTED = tuple(
     name

@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import EngineError
-from actors.http import _embeddings, _info, _native, _openai
+from actors.http import _embeddings, _info, _models, _native, _openai
 from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
 from actors.http._generation import error_event
 from actors.http._service import Service
@@ -127,6 +127,8 @@ def _routes() -> list[Route]:
         "/embedding": _embeddings.embeddings,
         "/embeddings": _embeddings.embeddings,
         "/v1/embeddings": _embeddings.embeddings_oai,
+        "/models/load": _models.load,  # router mode (404 with one model, as llama-server)
+        "/models/unload": _models.unload,
     }
     return [
         *(Route(path, _endpoint(h, body=False), methods=["GET"]) for path, h in get.items()),

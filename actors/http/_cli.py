@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -32,12 +32,14 @@ from actors import (
     ConfigError,
     EngineError,
     InvalidRequest,
+    ModelManager,
     SamplingParams,
     ServerPool,
     Supervisor,
     default_model_path,
 )
 from actors.http._cli_env import _with_environment
+from actors.http._cli_models import model_entries, model_values
 from actors.http._cli_options import _PASSED_IF_GIVEN, _SAMPLING, _STRATEGIES, CliError
 from actors.http._cli_parser import PROG, _build_parser, _normalized
 from actors.http._gguf import _training_context
@@ -62,6 +64,9 @@ class ServePlan:
         port: the TCP port.
         log_level: the server's log level (``warning``, ``info``, ``debug``...).
         notes: what to tell the operator before starting (a flag without effect).
+        manager_options: router mode (``--models-dir``, ``--models-preset``):
+            ``ModelManager.start``'s keywords, every model's options included; None
+            for one model.
     """
 
     server_options: Mapping[str, Any]
@@ -71,16 +76,20 @@ class ServePlan:
     port: int
     log_level: str
     notes: tuple[str, ...] = ()
+    manager_options: Mapping[str, Any] | None = None
 
     def start_engine(self) -> Any:
         """Start the engine this plan describes (``serve``'s worker thread).
 
         Returns:
-            a ``Supervisor`` of one ``ServerActor``, or a ``ServerPool``.
+            a ``Supervisor`` of one ``ServerActor``, a ``ServerPool``, or (router
+            mode) a ``ModelManager``.
 
         Raises:
             ConfigError, ModelLoadError: the engine cannot start with these options.
         """
+        if self.manager_options is not None:
+            return ModelManager.start(**self.manager_options)
         if self.pool_options is None:
             # Supervised: an engine that crashes is restarted, and requests wait for it.
             return Supervisor.start(**self.server_options)
@@ -143,6 +152,14 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Serv
     namespace = root.parse_args(_normalized(list(argv), serve))
     values = _with_environment(vars(namespace), os.environ if environ is None else environ)
     try:
+        if values["models_dir"] is not None or values["models_preset"] is not None:
+            return _router_plan(values, lambda argv: _normalized(argv, serve), serve)
+        for dest in ("models_max", "models_autoload", "models_memory_mb", "models_keep_alive"):
+            if values[dest] is not None:  # never ignored
+                flag = "--" + dest.replace("_", "-")
+                raise CliError(
+                    f"{flag} is for router mode: give --models-dir or --models-preset (without -m)"
+                )
         return _plan(values)
     except (ConfigError, InvalidRequest) as e:
         raise CliError(str(e)) from None
@@ -244,6 +261,63 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         port=8080 if v["port"] is None else v["port"],
         log_level=log_level,
         notes=tuple(notes),
+    )
+
+
+def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan:
+    """Router mode: one plan per model (the command line's options over its preset's),
+    gathered into ``ModelManager.start``'s keywords."""
+    if v["model"] is not None:
+        # llama-server serves -m alone and ignores the router's flags: refused, never ignored.
+        raise CliError("-m serves one model; --models-dir and --models-preset are router mode, without -m")
+    for dest, flag in (("alias", "--alias"), ("replicas", "--replicas"), ("backend", "--backend")):
+        if v[dest] is not None:
+            raise CliError(f"{flag} is for one model; in router mode each model is named by its section")
+    notes: list[str] = []
+    preset = None
+    if v["models_preset"] is not None:
+        preset = (v["models_preset"], _read_text(v["models_preset"], "models preset"))
+    entries = model_entries(v["models_dir"], preset, serve, notes)
+    models: dict[str, dict[str, Any]] = {}
+    per_model: list[tuple[str, HttpSettings]] = []
+    plan: ServePlan | None = None
+    for entry in entries:
+        try:
+            plan = _plan(model_values(entry, v, serve, normalized))
+        except (ConfigError, InvalidRequest) as e:
+            raise CliError(f"{entry.where}: {e}") from None
+        except CliError as e:
+            raise CliError(str(e) if str(e).startswith(entry.where) else f"{entry.where}: {e}") from None
+        notes += [n for n in plan.notes if n not in notes]
+        models[entry.name] = {
+            **plan.server_options,
+            "load": "eager" if entry.eager else "lazy",
+            "keep_alive_s": entry.keep_alive_s if entry.keep_alive_s is not None else v["models_keep_alive"],
+            "pinned": entry.pinned,
+        }
+        per_model.append((entry.name, replace(plan.settings, model_ids=(entry.name,))))
+    assert plan is not None  # model_entries gives at least one
+    manager = {
+        "models": models,
+        "memory_budget_mb": v["models_memory_mb"],
+        "max_models": 4 if v["models_max"] is None else v["models_max"],
+        "autoload": v["models_autoload"] is not False,
+    }
+    settings = replace(
+        plan.settings,
+        model_ids=(),
+        tags=(),
+        models=tuple(per_model),
+        models_autoload=manager["autoload"],
+        models_max=manager["max_models"],
+    )
+    return replace(
+        plan,
+        server_options=MappingProxyType({}),
+        pool_options=None,
+        settings=settings,
+        notes=tuple(notes),
+        manager_options=MappingProxyType(manager),
     )
 
 

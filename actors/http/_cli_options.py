@@ -298,6 +298,16 @@ _OPTIONS = (
             "ours has no per-token output); llama-server's rank is refused (default: the model's "
             "own, else mean)",
             _choice({"mean": "mean", "cls": "cls", "last": "last", "none": "none"}), "{mean,cls,last,none}"),
+    _Option("--models-dir", "models_dir", "router mode (without -m): every *.gguf file directly in "
+            "this directory is a model, named by its file name without .gguf (default: unused)", str,
+            "PATH"),
+    _Option("--models-preset", "models_preset", "router mode (without -m): an INI file of models, a "
+            "section each, keys as flags without dashes (see the HTTP guide) (default: unused)", str,
+            "PATH"),
+    _Option("--models-max", "models_max", "router mode: models loaded at once at most; the least "
+            "recently used idle one unloads for another (default: 4, 0 = unlimited)", _integer(0, 1024)),
+    _Option("--models-autoload", "models_autoload", "router mode: load a model for its first request "
+            "(default: enabled; a request's ?autoload=true|false decides for itself)"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
     _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
             "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
@@ -319,6 +329,11 @@ _OURS = (  # (spellings, dest, convert, metavar, help)
      "prompt tokens a slot prefills per tick at most (default: 512)"),
     (("--drain-timeout",), "drain_timeout", _number(0, 3600), "SECONDS",
      "on SIGTERM/SIGINT, how long in-flight requests may finish (default: 30)"),
+    (("--models-memory-mb",), "models_memory_mb", _number(1, 2**40), "MB",
+     "router mode: host memory the loaded models may hold together, by their estimates from the GGUF "
+     "headers; a model that cannot fit unloads idle ones first (default: 80%% of this machine's)"),
+    (("--models-keep-alive",), "models_keep_alive", _number(0, 10**9), "SECONDS",
+     "router mode: a model idle this long unloads (default: never, as llama-server)"),
     (("--loop-nice",), "loop_nice", _integer(0, 19), "N",
      "on Linux, the nice value of the event loop's thread once the model is loaded, so that it "
      "never preempts llama.cpp's compute threads mid-pass; 0: unchanged (default: 10)"),

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from actors import Embed, Tokenizer, aembed_result
 from actors.http._errors import HttpError
 from actors.http._native import json_response
-from actors.http._service import Service
+from actors.http._service import routed
 
 __all__ = ["embeddings", "embeddings_oai"]
 
@@ -92,7 +92,7 @@ def _mixed(tokenizer: Tokenizer, pieces: list[tuple[int, list[Any]]]) -> dict[in
 
 async def _embed(request: Request) -> tuple[dict[str, Any], Any, bool]:
     """The body, its ``Embeddings``, and whether the body is OpenAI's (``input``)."""
-    service: Service = request.app.state.service
+    service = await routed(request)
     body = request.state.json
     if not isinstance(body, Mapping):
         raise HttpError(400, "the request body must be a JSON object")
@@ -136,7 +136,7 @@ async def embeddings_oai(request: Request) -> Response:
     body, result, oai = await _embed(request)
     if not oai:
         return _native(result)
-    service: Service = request.app.state.service
+    service = await routed(request)
     base64_format = body.get("encoding_format") == "base64"
     data = []
     for i, vector in enumerate(result.vectors):

@@ -14,9 +14,10 @@ from starlette.responses import Response
 
 import actors
 from actors import GetStats
+from actors.http import _models
 from actors.http._errors import HttpError
 from actors.http._native import generation_settings, json_response
-from actors.http._service import Service
+from actors.http._service import Service, routed
 
 __all__ = ["health", "metrics", "models", "props", "slots"]
 
@@ -36,8 +37,11 @@ async def health(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    """``GET /v1/models``: the model under its names (OpenAI's list, llama-server's fields)."""
+    """``GET /v1/models``: the model under its names (OpenAI's list, llama-server's fields);
+    in router mode every model, with its status."""
     service = _service(request)
+    if service.views is not None:
+        return await _models.listing(service, service.views)
     info = service.info
     created = int(service.t_started)
     ids = service.model_ids
@@ -63,8 +67,13 @@ async def _stats(service: Service) -> dict[str, Any]:
 
 
 async def props(request: Request) -> Response:
-    """``GET /props``: the server's settings, as llama-server reports them."""
+    """``GET /props``: the server's settings, as llama-server reports them; in router
+    mode the router's without ``?model=``, else the model's."""
     service = _service(request)
+    if service.views is not None:
+        if not request.query_params.get("model"):
+            return _models.router_props(service)
+        service = await routed(request)
     defaults = {
         "max_tokens": service.limits.n_ctx_slot
         if service.settings.n_predict < 0
@@ -89,7 +98,7 @@ async def props(request: Request) -> Response:
 
 async def slots(request: Request) -> Response:
     """``GET /slots``: each slot's state as the last tick left it (501 without ``--slots``)."""
-    service = _service(request)
+    service = await routed(request)
     if not service.settings.slots:
         raise HttpError(501, "This server does not support slots endpoint. Start it with `--slots`")
     samples = (await _stats(service)).get("slots", ())
@@ -118,8 +127,9 @@ async def slots(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """``GET /metrics``: Prometheus text (501 without ``--metrics``)."""
-    service = _service(request)
+    """``GET /metrics``: Prometheus text (501 without ``--metrics``); in router mode the
+    gauges are ``?model=``'s, the counters the whole server's."""
+    service = await routed(request)
     if service.metrics is None:
         raise HttpError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
     metrics = service.metrics

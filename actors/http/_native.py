@@ -39,7 +39,7 @@ from actors.http._params import (
     sampling_options,
     stream_options,
 )
-from actors.http._service import Service
+from actors.http._service import Service, routed
 from actors.http._stream import EventStream, unless_disconnected
 
 __all__ = [
@@ -194,7 +194,7 @@ def completion_options(service: Service, body: Mapping[str, Any]) -> dict[str, A
 
 async def completion(request: Request) -> Response | EventStream:
     """``POST /completion`` (and ``/completions``): llama.cpp's native completion."""
-    service: Service = request.app.state.service
+    service = await routed(request)
     body = await _body(request)
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required")
@@ -292,7 +292,7 @@ MAX_TOKENS = 1 << 18
 
 async def tokenize(request: Request) -> Response:
     """``POST /tokenize``: ``{"content", "add_special", "parse_special", "with_pieces"}``."""
-    service: Service = request.app.state.service
+    service = await routed(request)
     body = await _body(request)
     content = body.get("content", "")
     if not isinstance(content, str):
@@ -335,7 +335,7 @@ def _token_ids(value: object) -> Sequence[int]:
 
 async def detokenize(request: Request) -> Response:
     """``POST /detokenize``: ``{"tokens": [...]}`` to ``{"content": "..."}``."""
-    service: Service = request.app.state.service
+    service = await routed(request)
     body = await _body(request)
     ids = _token_ids(body.get("tokens", []))
     tokenizer = service.need_tokenizer()
@@ -352,7 +352,7 @@ async def apply_template(request: Request) -> Response:
     """``POST /apply-template``: the chat template applied to ``messages``, as ``prompt``."""
     from actors.http._params import chat_messages, continuation, template_kwargs, tools_option
 
-    service: Service = request.app.state.service
+    service = await routed(request)
     body = await _body(request)
     messages = chat_messages(body.get("messages"))
     render = {**continuation(body, messages), **tools_option(body)}

@@ -45,7 +45,7 @@ from actors.http._params import (
     template_kwargs,
     tools_option,
 )
-from actors.http._service import Service
+from actors.http._service import Service, routed
 from actors.http._stream import EventStream
 
 __all__ = ["chat_completions", "completions", "input_tokens"]
@@ -165,7 +165,7 @@ def _include_usage(body: Mapping[str, Any]) -> bool:
 
 async def completions(request: Request) -> Response | EventStream:
     """``POST /v1/completions``: OpenAI's (legacy) text completion."""
-    service: Service = request.app.state.service
+    service = await routed(request)
     body = request.state.json
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
@@ -268,7 +268,7 @@ async def _completion_events(
 
 async def chat_completions(request: Request) -> Response | EventStream:
     """``POST /v1/chat/completions``: OpenAI's chat completion, rendered with the model's template."""
-    service: Service = request.app.state.service
+    service = await routed(request)
     body = request.state.json
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
@@ -321,7 +321,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
 
 async def input_tokens(request: Request) -> Response:
     """``POST /v1/chat/completions/input_tokens``: how many tokens the chat's prompt has."""
-    service: Service = request.app.state.service
+    service = await routed(request)
     body = request.state.json
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")

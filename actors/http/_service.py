@@ -2,6 +2,11 @@
 slots as the last ``tick`` showed them, and the server's own state (loading, ready,
 draining, requests in flight).
 
+In router mode (several models, ``HttpSettings.models``) the engine is a
+``ModelManager``, and each model gets a view of its own, a ``Service`` made when the
+model is first loaded (:mod:`actors.http._views`), which handlers get from
+:func:`routed`; one model's server never builds one.
+
 Built on the event loop; ``load`` runs in a worker thread, and the ``tick`` receiver in
 the engine's thread (it only replaces one reference).
 """
@@ -17,13 +22,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from starlette.requests import Request
+
 from actors import GetInfo, GetStats, GetTokenizer, Tokenizer
 from actors.http._errors import HttpError
 from actors.http._metrics import Metrics
 from actors.http._params import Limits
 from actors.http._settings import HttpSettings
+from actors.http._views import ModelViews
 
-__all__ = ["Service"]
+__all__ = ["Service", "routed"]
 
 T = TypeVar("T")
 
@@ -39,13 +47,19 @@ class Service:
 
     Args:
         settings: the HTTP settings.
-        start_engine: makes the engine handle (a ServerActor ref, a Supervisor or a
-            ServerPool); called once, in a worker thread, by :meth:`load`.
+        start_engine: makes the engine handle (a ServerActor ref, a Supervisor, a
+            ServerPool, or in router mode a ModelManager); called once, in a worker
+            thread, by :meth:`load`.
+        parent: router mode: the router's service, whose threads and metrics a model's
+            view shares.
     """
 
-    def __init__(self, settings: HttpSettings, start_engine: Callable[[], Any]) -> None:
+    def __init__(
+        self, settings: HttpSettings, start_engine: Callable[[], Any], parent: Service | None = None
+    ) -> None:
         self.settings = settings
         self._start_engine = start_engine
+        self.views: ModelViews | None = None  # router mode's models
         self.engine: Any = None
         self.tokenizer: Tokenizer | None = None
         self.info: dict[str, Any] = {}
@@ -57,6 +71,14 @@ class Service:
         self.in_flight = 0
         self.tasks: set[asyncio.Task[Any]] = set()  # every request being handled
         self.drain_expired = False
+        self.control: ThreadPoolExecutor
+        self.work: ThreadPoolExecutor
+        self.metrics: Metrics | None
+        self.t_started: float
+        if parent is not None:
+            self.control, self.work = parent.control, parent.work
+            self.t_started, self.metrics = parent.t_started, parent.metrics
+            return
         # Worker threads of their own, so a burst of long prompts being prepared (in the
         # loop's default executor) never delays /slots, /metrics or /tokenize.
         self.control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llama-cpp-actors-http-control")
@@ -71,6 +93,9 @@ class Service:
         try:
             engine = self._start_engine()
             self.engine = engine
+            if self.settings.models:  # router mode: each model's view is made when it loads
+                self.views = ModelViews(self, engine)
+                return
             self.info = dict(engine.ask(GetInfo(), timeout=_LOAD_TIMEOUT_S))
             self.stats = dict(engine.ask(GetStats(), timeout=_CALL_TIMEOUT_S))
             self.tokenizer = engine.ask(GetTokenizer(), timeout=_CALL_TIMEOUT_S)
@@ -104,6 +129,8 @@ class Service:
 
     def close(self) -> None:
         """Stop the engine (lifespan shutdown)."""
+        if self.views is not None:
+            self.views.close()
         if self.metrics is not None:
             self.metrics.close()
         self.control.shutdown(wait=False, cancel_futures=True)
@@ -148,6 +175,20 @@ class Service:
     def tokenize(self, text: str) -> list[int]:
         """Tokens of a piece of text, without BOS (for logit_bias keys)."""
         return self.need_tokenizer().tokenize(text, add_special=False, parse_special=False)
+
+
+async def routed(request: Request) -> Service:
+    """The service of the model ``request`` names (event loop): in router mode, its
+    model's view, loaded first if needed; else the one service, at once.
+
+    Raises:
+        HttpError: router mode: no model named (with several), an unknown one, one not
+            loaded with autoload off (400), or one that cannot load now (503).
+    """
+    service: Service = request.app.state.service
+    if service.views is None:
+        return service
+    return await service.views.view(getattr(request.state, "json", None), request.query_params)
 
 
 def lower_priority(nice: int) -> None:

@@ -57,6 +57,13 @@ class HttpSettings:
             forward pass before the loop writes tokens: on a machine whose cores the
             forward pass takes (n_threads = cores) the loop otherwise preempts one of
             them mid-pass, and the others wait for it. 0 leaves it alone.
+        models: router mode (llama-server's, several models): each model's name and
+            its own settings (``n_predict``, ``chat_template_kwargs``, ``pooling``,
+            ``tags``; the rest is the router's, from these settings); the engine is then
+            a ``ModelManager`` that registers them. Empty: one model.
+        models_autoload: router mode: a request for a model that is not loaded loads
+            it (``--models-autoload``; a request's ``?autoload=`` decides for itself).
+        models_max: router mode: what ``/props`` reports as ``max_instances``.
     """
 
     model_ids: tuple[str, ...] = ()
@@ -76,6 +83,9 @@ class HttpSettings:
     verbose: bool = False
     loop_nice: int = 10
     pooling: Literal["mean", "cls", "last", "none"] | None = None
+    models: tuple[tuple[str, HttpSettings], ...] = ()
+    models_autoload: bool = True
+    models_max: int = 4
 
     def __post_init__(self) -> None:
         for name in ("model_ids", "tags", "api_keys"):
@@ -101,6 +111,15 @@ class HttpSettings:
             raise ConfigError(f"pooling must be mean, cls, last, none or None, got {self.pooling!r}")
         if type(self.loop_nice) is not int or not 0 <= self.loop_nice <= 19:
             raise ConfigError(f"loop_nice must be an int within [0, 19], got {self.loop_nice!r}")
+        if not isinstance(self.models, tuple) or not all(
+            isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) and isinstance(m[1], HttpSettings)
+            for m in self.models
+        ):
+            raise ConfigError("models must be a tuple of (name, HttpSettings) pairs")
+        if not isinstance(self.models_autoload, bool):
+            raise ConfigError("models_autoload must be a bool")
+        if type(self.models_max) is not int or self.models_max < 0:
+            raise ConfigError(f"models_max must be an int >= 0, got {self.models_max!r}")
         if not isinstance(self.drain_timeout_s, int | float) or not 0 <= self.drain_timeout_s <= 3600:
             raise ConfigError(
                 f"drain_timeout_s must be within [0, 3600] seconds, got {self.drain_timeout_s!r}"

@@ -1,0 +1,152 @@
+"""Router mode: which model a request names, and that model's view (a ``Service`` of
+its own: its engine handle, info, stats and tokenizer), as llama-server's router
+resolves a request's ``model`` before proxying it.
+
+A view is made when its model is first needed and loaded, and dropped when the
+``ModelManager`` unloads the model (the ``model_unload`` signal): a reloaded model gets
+a fresh view, so a request never tokenizes with the vocabulary of an engine that has
+stopped (one that raced an unload gets ``EngineStopped``, a 503, never a crash: the
+backend refuses calls once its model is freed).
+
+Runs on the event loop, except the work of loading (a control thread) and the signal's
+receiver (the manager's thread; it only pops a dict entry and counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import telemetry
+from actors import GetInfo, GetStats, GetTokenizer, MemoryBudgetExceeded, ModelLoadError
+from actors.http._errors import HttpError
+from actors.http._settings import HttpSettings
+
+if TYPE_CHECKING:
+    from actors.http._service import Service
+
+__all__ = ["ModelViews", "model_states"]
+
+_LOAD_TIMEOUT_S = 600.0  # a model's first request waits this long for it to load
+_CALL_TIMEOUT_S = 30.0
+_STATS_TIMEOUT_S = 2.0
+_MAX_NAME_SHOWN = 256
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= _MAX_NAME_SHOWN else name[:_MAX_NAME_SHOWN] + "..."
+
+
+def model_states(manager: Any) -> dict[str, dict[str, Any]]:
+    """Every model's entry of the manager's ``GetStats`` (a control thread)."""
+    models: dict[str, dict[str, Any]] = manager.ask(GetStats(), timeout=_STATS_TIMEOUT_S)["models"]
+    return models
+
+
+def load_refusal(error: ModelLoadError) -> HttpError:
+    """A model the manager will not load now (the budget, ``--models-max``): 503."""
+    if isinstance(error, MemoryBudgetExceeded):
+        numbers = {"needed_mb": round(error.needed_mb), "budget_mb": round(error.budget_mb)}
+        return HttpError(503, str(error), extra=numbers)
+    return HttpError(503, str(error))
+
+
+class ModelViews:
+    """The models of a router: their settings, and a view for each loaded one.
+
+    Args:
+        root: the router's own service (its threads and metrics are shared).
+        manager: the ``ModelManager`` the router's engine is.
+    """
+
+    def __init__(self, root: Service, manager: Any) -> None:
+        self.root = root
+        self.manager = manager
+        self.settings: Mapping[str, HttpSettings] = dict(root.settings.models)
+        self.names = tuple(self.settings)
+        self._views: dict[str, Service] = {}
+        self._loading: dict[str, asyncio.Future[Service]] = {}
+        self._unloads: dict[str, int] = {}
+        self._subscription = telemetry.Subscription({telemetry.model_unload: self._on_unload})
+
+    def close(self) -> None:
+        """Stop listening for unloads (lifespan shutdown)."""
+        self._subscription.close()
+
+    def _on_unload(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        # The manager's thread: the next request for this model makes a fresh view.
+        if sender is self.manager:
+            name = metadata["model"]
+            self._views.pop(name, None)
+            self._unloads[name] = self._unloads.get(name, 0) + 1
+
+    def loaded_view(self, name: str) -> Service | None:
+        """The model's view if it is loaded as far as the router knows."""
+        return self._views.get(name)
+
+    def name_of(self, value: object, *, missing_ok: bool = False) -> str:
+        """The registered model ``value`` names (llama-server's ``router_validate_model``):
+        with one model, a request may leave it out (ours; llama-server always asks).
+
+        Raises:
+            HttpError: 400, no model named (with several) or an unknown one.
+        """
+        if value is None or value == "":
+            if len(self.names) == 1 or missing_ok:
+                return self.names[0]
+            raise HttpError(400, "model name is missing from the request")
+        if not isinstance(value, str):
+            raise HttpError(400, f"model must be a string, got {type(value).__name__}")
+        if value not in self.settings:
+            raise HttpError(400, f"model '{_shown(value)}' not found")
+        return value
+
+    async def view(self, body: object, query: Mapping[str, str]) -> Service:
+        """The view of the model a request names (its body's ``model``, or ``?model=``
+        for a GET), loaded first when autoload allows (event loop).
+
+        Raises:
+            HttpError: 400 as :meth:`name_of`, or ``model is not loaded`` (autoload
+                off); 503 when it cannot load now (the budget, ``--models-max``).
+        """
+        named = body.get("model") if isinstance(body, dict) else query.get("model")
+        name = self.name_of(named)
+        view = self._views.get(name)
+        if view is not None:
+            return view
+        choice = query.get("autoload")
+        autoload = self.root.settings.models_autoload if choice is None else choice in ("true", "1")
+        loading = self._loading.get(name)
+        if loading is None:
+            loading = asyncio.ensure_future(self._load(name, autoload))
+            self._loading[name] = loading
+            loading.add_done_callback(lambda done: self._loading.pop(name, None))
+        return await asyncio.shield(loading)
+
+    async def _load(self, name: str, autoload: bool) -> Service:
+        unloads = self._unloads.get(name, 0)
+        manager = self.manager
+
+        def work() -> tuple[Any, Any, Any, Any]:  # a control thread
+            if autoload:
+                manager.load(name)  # at once if loaded; its engine loads in its own thread
+            elif not model_states(manager)[name]["loaded"]:
+                raise HttpError(400, "model is not loaded")
+            handle = manager.engine(name)
+            info = handle.ask(GetInfo(), timeout=_LOAD_TIMEOUT_S)  # answered once loaded
+            stats = handle.ask(GetStats(), timeout=_CALL_TIMEOUT_S)
+            return handle, info, stats, handle.ask(GetTokenizer(), timeout=_CALL_TIMEOUT_S)
+
+        try:
+            handle, info, stats, tokenizer = await self.root.call(work)
+        except ModelLoadError as e:
+            if not autoload:  # the manager's autoload is off and the model is not loaded
+                raise HttpError(400, "model is not loaded") from None
+            raise load_refusal(e) from None
+        view = type(self.root)(self.settings[name], lambda: handle, parent=self.root)
+        view.engine, view.info, view.stats, view.tokenizer = handle, dict(info), dict(stats), tokenizer
+        view.ready = True
+        if self._unloads.get(name, 0) == unloads:  # else it was unloaded meanwhile: not kept
+            self._views[name] = view
+        return view
