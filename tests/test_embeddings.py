@@ -147,6 +147,15 @@ def test_a_text_longer_than_the_batch_is_fed_in_chunks(
         got = embed(ref, [text, "short"], pooling=pooling, timeout=60)  # type: ignore[arg-type]
         np.testing.assert_allclose(got, references([text, "short"], pooling), atol=TOLERANCE)
     assert ref.ask(GetStats())["kv_cells_used"] == 0  # every embedding cell was freed
+    # A long text is fed one pass a tick, its cells on the books; a cancel frees them.
+    long = "Once upon a time, in a land far away, there lived a curious fox. " * 60  # ~960 tokens: 15 ticks
+    future = ref.ask(Embed([long], request_id="long"))
+    beside = generate(ref, "Hello", max_tokens=4, timeout=60)  # generation goes on meanwhile
+    assert beside.generated_tokens > 0
+    ref.tell(Cancel("long"))
+    with pytest.raises(EngineError, match="cancelled"):
+        future.get(timeout=60)
+    assert ref.ask(GetStats())["kv_cells_used"] == beside.prompt_tokens + beside.generated_tokens - 1
 
 
 def test_generation_is_unchanged_beside_embeddings(start_server: Callable[..., pykka.ActorRef[Any]]) -> None:

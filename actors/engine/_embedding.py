@@ -6,11 +6,14 @@ logits; and llama-server too runs embedding batches apart. A tick with embedding
 runs one pass before generation's batch: texts of several requests packed into one
 batch of at most ``MAX_PASS_ROWS`` rows (and ``n_batch``), each text in its own
 sequence (an embedding lane, :attr:`LlamaBackend.embed_seq_ids`), every row an output;
-a longer text goes alone, in several decodes of the same sequence (the model is causal:
-each chunk attends to the cells of the ones before). The vectors are pooled here, in
-numpy, from the per-token embeddings (the context's pooling is ``NONE``), so every
-pooling works on one context. Every cell a pass wrote is freed before the pass returns:
-generation's bookkeeping of the KV never sees them.
+a longer text goes alone, one chunk of ``MAX_PASS_ROWS`` a tick, in the same sequence
+(the model is causal: each chunk attends to the cells of the ones before), so a long
+text never holds generation up for more than one pass a tick. The vectors are pooled
+here, in numpy, from the per-token embeddings (the context's pooling is ``NONE``), so
+every pooling works on one context. A packed pass frees every cell it wrote before it
+returns; a long text's cells are on the engine's books (``CellLedger``) while it is fed,
+so generation's admission counts them, and freed when it is done, fails or is
+cancelled.
 
 :func:`prepare_embed` runs in the caller's thread (tokenizing); the rest in the
 engine's thread only.
@@ -37,6 +40,7 @@ from actors.contract._errors import (
     QueueFull,
     RequestTimeout,
 )
+from actors.engine._cells import CellLedger
 from actors.engine._delivery import settle
 
 __all__ = ["MAX_PASS_ROWS", "EmbedJob", "Embedder", "PreparedEmbed", "prepare_embed"]
@@ -124,6 +128,7 @@ class _Text:
     first: npt.NDArray[np.float32] | None = None
     last: npt.NDArray[np.float32] | None = None
     total: npt.NDArray[np.float64] | None = None
+    fed: int = 0  # tokens decoded so far (a long text's, over several ticks)
 
 
 class Embedder:
@@ -134,13 +139,18 @@ class Embedder:
         max_queue: requests that may wait at most (``QueueFull`` past it).
         make_room: ``make_room(n)``: free ``n`` KV cells (dropping idle slots' caches),
             True when they are free.
+        cells: the engine's ledger of KV cells, where a long text's cells are booked.
     """
 
-    def __init__(self, backend: LlamaBackend, max_queue: int, make_room: Callable[[int], bool]) -> None:
+    def __init__(
+        self, backend: LlamaBackend, max_queue: int, make_room: Callable[[int], bool], cells: CellLedger
+    ) -> None:
         self.backend = backend
         self.max_queue = max_queue
         self.make_room = make_room
+        self.cells = cells
         self.queue: deque[EmbedJob] = deque()
+        self.long: _Text | None = None  # a text fed one chunk a tick
         self.n_passes = 0
         self.n_texts = 0
 
@@ -181,16 +191,31 @@ class Embedder:
             self._fail(self.queue[0], error)
 
     def _fail(self, job: EmbedJob, error: EngineError) -> None:
+        if self.long is not None and self.long.job is job:
+            self._free_long()
         self.queue.remove(job)
         settle(job.future, error=error)
+
+    def _free_long(self) -> None:
+        assert self.long is not None
+        self.backend.seq_clear(self.long.lane)
+        self.cells.clear(self.long.lane)
+        self.long = None
 
     def run(self) -> None:
         """One embedding pass: expire, pack, decode, pool, deliver what is complete."""
         now = time.monotonic()
         for job in [j for j in self.queue if j.deadline is not None and j.deadline <= now]:
             self._fail(job, RequestTimeout(f"embedding request {job.request_id!r} passed its deadline_s"))
+        if self.long is not None:
+            self._feed_long(self.long)
+            return
         texts = self._pack()
         if not texts:
+            return
+        if len(texts[0].tokens) > min(self.backend.n_batch, MAX_PASS_ROWS):
+            self.long = texts[0]
+            self._feed_long(texts[0])
             return
         if not self.make_room(sum(len(t.tokens) for t in texts)):
             return  # the running requests hold the cells: next tick
@@ -209,13 +234,37 @@ class Embedder:
         for text in texts:
             self._store(text)
         self.n_texts += len(texts)
+        self._deliver_done()
+
+    def _deliver_done(self) -> None:
         for job in [j for j in self.queue if j.next == len(j.prepared.texts)]:
             self.queue.remove(job)
             self._deliver(job)
 
+    def _feed_long(self, text: _Text) -> None:
+        """Decode the next chunk of a text longer than a pass; its cells stay (booked)
+        until its last chunk, then it is pooled and its cells freed."""
+        chunk = text.tokens[text.fed : text.fed + min(self.backend.n_batch, MAX_PASS_ROWS)]
+        if not self.make_room(len(chunk)):
+            return  # the running requests hold the cells: next tick
+        self.n_passes += 1
+        self._lay_out(0, text.lane, chunk, text.fed)
+        code, rows = self.backend.decode_embeddings(len(chunk))
+        if rows is None:
+            self._fail(text.job, DecodeError(f"llama_decode failed with code {code} in an embedding pass"))
+            return
+        self.cells.compute(text.lane, len(chunk))
+        text.fed += len(chunk)
+        self._accumulate(text, rows)
+        if text.fed == len(text.tokens):
+            self._free_long()
+            self._store(text)
+            self.n_texts += 1
+            self._deliver_done()
+
     def _pack(self) -> list[_Text]:
-        """The texts of this pass, first come first served: as many as ``n_batch`` rows
-        and the lanes hold, or one text longer than that, alone."""
+        """The texts of this pass, first come first served: as many as a pass's rows
+        and the lanes hold, or one text longer than that, alone (the first)."""
         n_batch, lanes = min(self.backend.n_batch, MAX_PASS_ROWS), self.backend.embed_seq_ids
         texts: list[_Text] = []
         rows = 0
@@ -231,19 +280,8 @@ class Embedder:
         return texts
 
     def _decode(self, texts: list[_Text]) -> int:
-        """Decode the texts, accumulating each one's pooled rows; llama_decode's code."""
+        """Decode packed texts, accumulating each one's rows; llama_decode's code."""
         backend = self.backend
-        n_batch = min(backend.n_batch, MAX_PASS_ROWS)
-        if len(texts) == 1 and len(texts[0].tokens) > n_batch:
-            text = texts[0]
-            for start in range(0, len(text.tokens), n_batch):
-                chunk = text.tokens[start : start + n_batch]
-                self._lay_out(0, text.lane, chunk, start)
-                code, rows = backend.decode_embeddings(len(chunk))
-                if rows is None:
-                    return code
-                self._accumulate(text, rows)
-            return 0
         row = 0
         for text in texts:
             self._lay_out(row, text.lane, text.tokens, 0)

@@ -120,7 +120,7 @@ class EngineState:
                 draft_backend, self.n_ctx_slot, config.draft_p_min, chunk_size=config.chunk_size
             )
         self.cost = CostModel()
-        self.embedder = Embedder(backend, config.max_queue, self._room_for_embeddings)
+        self.embedder = Embedder(backend, config.max_queue, self._room_for_embeddings, self.memory.cells)
         self.draft_idle = 0  # ticks since a costly drafter's drafts were last verified
         self.draft_tokens = 0
         self.draft_accepted = 0
