@@ -55,7 +55,7 @@ def _router(*argv: str) -> Running:
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator[Running]:
     preset = _preset(tmp_path_factory.mktemp("preset") / "models.ini", tiny_model)
-    server = _router("--models-preset", preset)
+    server = _router("--models-preset", preset, "--metrics")
     yield server
     server.stop()
 
@@ -99,6 +99,11 @@ def test_requests_go_to_the_model_they_name(router: Running) -> None:
     assert tokens.status_code == 200 and tokens.json()["tokens"]
     embedded = client.embeddings.create(model="tiny", input=["a", "b"])
     assert len(embedded.data) == 2 and embedded.model == "tiny"
+    # GET endpoints by ?model=: each model's own slots and gauges.
+    slots = httpx.get(router.url + "/slots", params={"model": "tiny"}, timeout=30).json()
+    assert [s["id"] for s in slots] == [0, 1] and all(s["n_ctx"] == 512 for s in slots)
+    metrics = httpx.get(router.url + "/metrics", params={"model": "smol"}, timeout=30)
+    assert metrics.status_code == 200 and "llamacpp:requests_processing 0" in metrics.text
 
 
 def test_every_model_is_listed_with_its_status(router: Running) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import telemetry
-from actors import GetInfo, GetStats, GetTokenizer, MemoryBudgetExceeded, ModelLoadError
+from actors import EngineStopped, GetInfo, GetStats, GetTokenizer, MemoryBudgetExceeded, ModelLoadError
 from actors.http._errors import HttpError
 from actors.http._settings import HttpSettings
 
@@ -50,6 +50,32 @@ def load_refusal(error: ModelLoadError) -> HttpError:
         numbers = {"needed_mb": round(error.needed_mb), "budget_mb": round(error.budget_mb)}
         return HttpError(503, str(error), extra=numbers)
     return HttpError(503, str(error))
+
+
+class _ModelEngine:
+    """A model's handle as a view's engine (callers' threads): every message goes to
+    the model, and ``GetStats`` gives its engine's stats, as a ServerActor's does (a
+    handle's gives the model's entry of the manager's stats, the engine's inside)."""
+
+    __slots__ = ("handle", "name")
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self.handle = handle
+        self.name = name
+
+    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
+        if isinstance(message, GetStats):
+            stats = self.handle.ask(message, timeout=timeout)["engine"]
+            if stats is None:  # unloaded, or loading again since
+                raise EngineStopped(f"model {self.name!r} is not loaded")
+            return stats
+        return self.handle.ask(message, block=block, timeout=timeout)
+
+    def tell(self, message: Any) -> None:
+        self.handle.tell(message)
+
+    def is_alive(self) -> bool:
+        return bool(self.handle.is_alive())
 
 
 class ModelViews:
@@ -121,8 +147,13 @@ class ModelViews:
         if loading is None:
             loading = asyncio.ensure_future(self._load(name, autoload))
             self._loading[name] = loading
-            loading.add_done_callback(lambda done: self._loading.pop(name, None))
+            loading.add_done_callback(lambda done: self._done(name, done))
         return await asyncio.shield(loading)
+
+    def _done(self, name: str, loading: asyncio.Future[Service]) -> None:
+        self._loading.pop(name, None)
+        if not loading.cancelled():
+            loading.exception()  # retrieved: its waiters got it, or left (no "never retrieved")
 
     async def _load(self, name: str, autoload: bool) -> Service:
         unloads = self._unloads.get(name, 0)
@@ -133,7 +164,7 @@ class ModelViews:
                 manager.load(name)  # at once if loaded; its engine loads in its own thread
             elif not model_states(manager)[name]["loaded"]:
                 raise HttpError(400, "model is not loaded")
-            handle = manager.engine(name)
+            handle = _ModelEngine(manager.engine(name), name)
             info = handle.ask(GetInfo(), timeout=_LOAD_TIMEOUT_S)  # answered once loaded
             stats = handle.ask(GetStats(), timeout=_CALL_TIMEOUT_S)
             return handle, info, stats, handle.ask(GetTokenizer(), timeout=_CALL_TIMEOUT_S)
