@@ -32,6 +32,7 @@ from actors import (
     MemoryBudgetExceeded,
     ModelLoadError,
     ModelManager,
+    QueueFull,
     Stream,
     agenerate,
     chat,
@@ -422,3 +423,31 @@ def test_a_model_handle_answers_for_its_model(managers: Callable[..., ModelManag
     with pytest.raises(InvalidRequest, match="drain the manager"):
         handle.ask(Drain())
     assert states(manager) == {"a": "ready", "b": "unloaded"}
+
+
+def test_requests_for_a_loading_model_wait_in_a_bounded_queue(managers: Callable[..., ModelManager]) -> None:
+    loading = threading.Event()
+    release = threading.Event()
+
+    def hold(sender: object, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        if metadata.get("replica") == "held" and measurements["load_ms"] is None:
+            loading.set()
+            release.wait(30)  # the held model's own engine thread: a load that takes a while
+
+    subscription = telemetry.Subscription({telemetry.model_load: hold})
+    try:
+        manager = managers({"held": {**SMALL, "max_queue": 2}}, memory_budget_mb=4 * ONE_MB)
+        events: list[queue.Queue[Any]] = [queue.Queue() for _ in range(5)]
+        for i in range(4):  # 2 slots and a queue of 2 while it loads
+            manager.tell(Stream("Hi", reply_to=events[i], max_tokens=2))
+        assert loading.wait(30)
+        with pytest.raises(QueueFull, match="'held' has 4 requests"):
+            manager.tell(Stream("Hi", reply_to=events[4], max_tokens=2))
+        release.set()
+        for i in range(4):
+            while not isinstance(event := events[i].get(timeout=60), Done | Failed):
+                pass
+            assert isinstance(event, Done)
+    finally:
+        release.set()
+        subscription.close()

@@ -188,7 +188,8 @@ class ModelManager:
             raise ConfigError(f"replicas must be an int from 1 to 64, got {replicas!r}")
         if "name" in server_options:
             raise ConfigError("a managed engine is named after its model; do not pass name")
-        estimate = estimate_options(check_options(**server_options))
+        checked = check_options(**server_options)
+        estimate = estimate_options(checked)
         model = Model(
             name=name,
             options=dict(server_options),
@@ -196,6 +197,7 @@ class ModelManager:
             keep_alive_s=_checked_keep_alive(keep_alive_s),
             pinned=pinned,
             replicas=replicas,
+            capacity=replicas * (checked.n_parallel + checked.max_queue),
         )
         self._call(Register(model, load == "eager"))
 

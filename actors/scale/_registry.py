@@ -19,7 +19,13 @@ import pykka
 
 import telemetry
 from actors.actor._estimate import MemoryEstimate
-from actors.contract._errors import ConfigError, InvalidRequest, MemoryBudgetExceeded, ModelLoadError
+from actors.contract._errors import (
+    ConfigError,
+    InvalidRequest,
+    MemoryBudgetExceeded,
+    ModelLoadError,
+    QueueFull,
+)
 from actors.scale._pool import ServerPool
 
 __all__ = [
@@ -62,6 +68,7 @@ class Model:
     keep_alive_s: float | None
     pinned: bool
     replicas: int
+    capacity: int  # requests it takes at once: its slots and queues (every replica's)
     pool: ServerPool | None = None
     leases: int = 0
     idle_since: float = 0.0  # monotonic: when it was last seen with nothing to do
@@ -225,6 +232,13 @@ class ManagerActor(pykka.ThreadingActor):
                 )
             self._load(model)
         assert model.pool is not None
+        # Its engine bounds its queue only once loaded: until then requests wait in the
+        # engine's inbox, so the manager bounds them (and the same number after).
+        if model.leases + in_flight(model.pool) >= model.capacity:
+            raise QueueFull(
+                f"model {model.name!r} has {model.capacity} requests waiting or running (its slots "
+                "and max_queue, loading or not)"
+            )
         model.leases += 1
         model.idle_since = time.monotonic()
         return model.name, model.pool
