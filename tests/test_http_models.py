@@ -300,6 +300,7 @@ def test_precedence_command_line_then_section_then_globals(tmp_path: Path, tiny_
         ("load-on-startup = maybe", "'maybe' is not a boolean"),
         ("keep-alive = -1", "out of range"),
         ("temp = nan", r"\[a\]: argument --temp"),
+        ("stop-timeout = 5", "a llama-server preset key llama-cpp-actors does not support"),
     ],
 )
 def test_a_bad_preset_key_or_value_names_its_section(

@@ -40,6 +40,10 @@ _ROUTER_ONLY = frozenset(
         "embedding",
     }
 )  # fmt: skip
+_PRESET_REFUSED = {  # llama-server's preset-only keys we cannot honour
+    "stop-timeout": "an unload stops the model's engine at once",
+    "dedup-cache-models": "there is no model cache",
+}
 _ENV_FLAGS = {flag.env: flag.spellings[-1] for flag in LLAMA_SERVER_FLAGS if flag.env}
 
 
@@ -134,6 +138,10 @@ def _section(
                 raise CliError(f"{at}: {value!r} is out of range: must be within [0, 1e9] seconds")
             extra[key] = seconds
             continue
+        if key in _PRESET_REFUSED:
+            raise CliError(
+                f"{at}: a llama-server preset key llama-cpp-actors does not support ({_PRESET_REFUSED[key]})"
+            )
         if key == "model":  # checked here, so a missing file names its section
             extra["model"] = value
             continue

@@ -18,7 +18,7 @@ from actors import ModelLoadError
 from actors.http._errors import HttpError
 from actors.http._generation import dumps
 from actors.http._service import Service
-from actors.http._views import ModelViews, load_refusal, model_states
+from actors.http._views import RUNNING, ModelViews, load_refusal, model_states
 
 __all__ = ["listing", "load", "router_props", "unload"]
 
@@ -106,7 +106,7 @@ async def load(request: Request) -> Response:
     service, views, name = _router(request)
     if name is None:
         raise HttpError(404, "model is not found")
-    if (await _states(service, views))[name]["loaded"]:
+    if (await _states(service, views))[name]["state"] in RUNNING:
         raise HttpError(400, "model is already running")
     try:
         await service.call(views.manager.load, name)
@@ -121,7 +121,7 @@ async def unload(request: Request) -> Response:
     service, views, name = _router(request)
     if name is None:
         raise HttpError(400, "model is not found")
-    if not (await _states(service, views))[name]["loaded"]:
+    if (await _states(service, views))[name]["state"] not in RUNNING:
         raise HttpError(400, "model is not running")
     await service.call(views.manager.unload, name)
     return _json({"success": True})

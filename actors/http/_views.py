@@ -26,7 +26,7 @@ from actors.http._settings import HttpSettings
 if TYPE_CHECKING:
     from actors.http._service import Service
 
-__all__ = ["ModelViews", "model_states"]
+__all__ = ["RUNNING", "ModelViews", "load_refusal", "model_states"]
 
 _LOAD_TIMEOUT_S = 600.0  # a model's first request waits this long for it to load
 _CALL_TIMEOUT_S = 30.0
@@ -36,6 +36,10 @@ _MAX_NAME_SHOWN = 256
 
 def _shown(name: str) -> str:
     return name if len(name) <= _MAX_NAME_SHOWN else name[:_MAX_NAME_SHOWN] + "..."
+
+
+# The manager's states in which llama-server calls a model running (a failed one is not).
+RUNNING = frozenset({"loading", "ready", "restarting"})
 
 
 def model_states(manager: Any) -> dict[str, dict[str, Any]]:
@@ -162,7 +166,7 @@ class ModelViews:
         def work() -> tuple[Any, Any, Any, Any]:  # a control thread
             if autoload:
                 manager.load(name)  # at once if loaded; its engine loads in its own thread
-            elif not model_states(manager)[name]["loaded"]:
+            elif model_states(manager)[name]["state"] not in RUNNING:
                 raise HttpError(400, "model is not loaded")
             handle = _ModelEngine(manager.engine(name), name)
             info = handle.ask(GetInfo(), timeout=_LOAD_TIMEOUT_S)  # answered once loaded
