@@ -270,13 +270,14 @@ def test_precedence_command_line_then_section_then_globals(tmp_path: Path, tiny_
     preset = tmp_path / "m.ini"
     preset.write_text(
         f"[*]\nc = 512\ntemp = 0.3\n[a]\nmodel = {tiny_model}\nctx-size = 768\n[b]\nmodel = {tiny_model}\n"
-        "pin = true\nkeep-alive = 5\nno-context-shift = true\n"
+        "pin = true\nkeep-alive = 5\nno-context-shift = true\nreplicas = 2\njinja = true\n"
     )
     models = _models("--models-preset", str(preset))
     assert (models["a"]["n_ctx"], models["b"]["n_ctx"], models["a"]["temp"]) == (768, 512, 0.3)
     assert (
         models["b"]["pinned"] is True and models["b"]["keep_alive_s"] == 5.0 and models["a"]["load"] == "lazy"
     )
+    assert (models["a"]["replicas"], models["b"]["replicas"]) == (1, 2)
     models = _models(
         "--models-preset", str(preset), "-c", "1024", "--temp", "0.7", "--models-keep-alive", "9"
     )
@@ -340,6 +341,8 @@ def test_router_flags_need_router_mode_and_no_model() -> None:
         parse(["serve", "-m", "x.gguf", "--models-dir", "."], environ={})
     with pytest.raises(CliError, match="--alias is for one model"):
         parse(["serve", "--models-dir", ".", "-a", "x"], environ={})
+    with pytest.raises(CliError, match="--backend is for one model"):
+        parse(["serve", "--models-dir", ".", "--backend", "ray"], environ={})
 
 
 def test_models_dir(tmp_path: Path, tiny_model: str) -> None:

@@ -270,9 +270,10 @@ def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan
     if v["model"] is not None:
         # llama-server serves -m alone and ignores the router's flags: refused, never ignored.
         raise CliError("-m serves one model; --models-dir and --models-preset are router mode, without -m")
-    for dest, flag in (("alias", "--alias"), ("replicas", "--replicas"), ("backend", "--backend")):
-        if v[dest] is not None:
-            raise CliError(f"{flag} is for one model; in router mode each model is named by its section")
+    if v["alias"] is not None:
+        raise CliError("--alias is for one model; in router mode each model is named by its section")
+    if v["backend"] is not None:
+        raise CliError("--backend is for one model; in router mode every model runs in this process")
     notes: list[str] = []
     preset = None
     if v["models_preset"] is not None:
@@ -294,6 +295,7 @@ def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan
             "load": "eager" if entry.eager else "lazy",
             "keep_alive_s": entry.keep_alive_s if entry.keep_alive_s is not None else v["models_keep_alive"],
             "pinned": entry.pinned,
+            "replicas": 1 if plan.pool_options is None else plan.pool_options["replicas"],
         }
         per_model.append((entry.name, replace(plan.settings, model_ids=(entry.name,))))
     assert plan is not None  # model_entries gives at least one
