@@ -7,7 +7,9 @@ autoload off, ``--models-max 1``, and the preset's and ``--models-dir``'s errors
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,11 @@ import httpx
 import openai
 import pytest
 from helpers import wait_until
-from test_http import Running
+from test_http import Running, _ready, _serve
 from tiny_gguf import write_tiny_model
 
-from actors import default_model_path
+from actors import GetStats, ServerActor, default_model_path
+from actors.http import HttpSettings
 from actors.http._cli import CliError, parse
 
 pytestmark = pytest.mark.timeout(120)
@@ -104,6 +107,24 @@ def test_requests_go_to_the_model_they_name(router: Running) -> None:
     assert [s["id"] for s in slots] == [0, 1] and all(s["n_ctx"] == 512 for s in slots)
     metrics = httpx.get(router.url + "/metrics", params={"model": "smol"}, timeout=30)
     assert metrics.status_code == 200 and "llamacpp:requests_processing 0" in metrics.text
+
+
+def test_requests_that_find_a_model_unloaded_share_one_load(router: Running) -> None:
+    url = router.url
+    if _status(router)["tiny"] != "unloaded":
+        httpx.post(url + "/models/unload", json={"model": "tiny"}, timeout=60)
+    loads = router.engine.ask(GetStats())["models"]["tiny"]["loads"]
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"model": "tiny", "prompt": "Hi", "max_tokens": 2}
+            replies = await asyncio.gather(
+                *(client.post(url + "/v1/completions", json=body) for _ in range(8))
+            )
+        return [reply.status_code for reply in replies]
+
+    assert asyncio.run(main()) == [200] * 8
+    assert router.engine.ask(GetStats())["models"]["tiny"]["loads"] == loads + 1
 
 
 def test_every_model_is_listed_with_its_status(router: Running) -> None:
@@ -372,3 +393,42 @@ def test_models_dir(tmp_path: Path, tiny_model: str) -> None:
         assert done.model == "tiny"
     finally:
         server.stop()
+
+
+def test_one_models_server_has_no_router_routes(model_path: str) -> None:
+    server = Running(
+        HttpSettings(), lambda: ServerActor.start(model_path=model_path, n_ctx=256, n_parallel=1)
+    )
+    try:
+        server.wait_ready()
+        assert _error(httpx.post(server.url + "/models/load", json={"model": "x"}, timeout=30)) == (
+            404,
+            "File Not Found",
+        )
+        props = httpx.get(server.url + "/props", timeout=30).json()
+        assert "role" not in props and props["model_path"] == model_path
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(180)
+def test_serve_with_a_preset_then_sigterm(tmp_path: Path, tiny_model: str) -> None:
+    child, url = _serve("--models-preset", _preset(tmp_path / "m.ini", tiny_model, eager=False), "-cram", "0")
+    try:
+        _ready(url, child)
+        assert _status_at(url) == {"smol": "unloaded", "smol-b": "unloaded", "tiny": "unloaded"}
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        for name in ("tiny", "smol"):
+            assert client.completions.create(model=name, prompt="Hi", max_tokens=2).model == name
+        assert _status_at(url) == {"smol": "loaded", "smol-b": "unloaded", "tiny": "loaded"}
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 0
+        log = child.stdout.read()
+        assert "Traceback" not in log, log
+    finally:
+        child.kill()
+
+
+def _status_at(url: str) -> dict[str, str]:
+    listing = httpx.get(url + "/v1/models", timeout=30).json()
+    return {m["id"]: m["status"]["value"] for m in listing["data"]}
