@@ -118,6 +118,8 @@ def test_one_text_at_a_time(embedder: pykka.ActorRef[Any], references: Any) -> N
     for text in TEXTS:
         got = embed(embedder, [text], pooling="last", timeout=60)
         np.testing.assert_allclose(got, references([text], "last"), atol=TOLERANCE)
+    stats = embedder.ask(GetStats())
+    assert stats["embed_queue_depth"] == 0 and stats["embedded_texts"] == stats["embed_passes"] == len(TEXTS)
 
 
 def test_sixteen_concurrent_callers(embedder: pykka.ActorRef[Any], references: Any) -> None:
