@@ -455,3 +455,20 @@ def test_pooling_none_is_llama_servers_400_on_the_openai_endpoint(model_path: st
         assert native.status_code == 501
     finally:
         server.stop()
+
+
+def test_a_long_text_gives_its_cells_back_to_generation(
+    start_server: Callable[..., pykka.ActorRef[Any]],
+) -> None:
+    from helpers import wait_until
+
+    ref = start_server(n_parallel=1, n_ctx=512, n_batch=64)
+    text = "Once upon a time, in a land far away, there lived a curious fox. " * 28  # ~450 tokens
+    future = ref.ask(Embed([text]))
+    wait_until(lambda: ref.ask(GetStats())["kv_cells_used"] >= 256, seconds=120)  # half fed, cells held
+    # 300 prompt tokens fit the 512 cells only if the embedding gives its cells back.
+    completion = generate(ref, "word " * 300, max_tokens=4, timeout=120)
+    assert completion.generated_tokens == 4 and completion.stop_reason == "max_tokens"
+    first = future.get(timeout=120).vectors  # it started over, and finished
+    np.testing.assert_allclose(first, embed(ref, [text], timeout=120), atol=1e-4)
+    assert ref.ask(GetStats())["kv_cells_used"] <= completion.prompt_tokens + 4

@@ -196,6 +196,17 @@ class Embedder:
         self.queue.remove(job)
         settle(job.future, error=error)
 
+    def give_back(self) -> bool:
+        """Free a long text's cells for generation, which ran out (KV pressure): the
+        text starts over when the cells for all of it are free. Whether any were held."""
+        text = self.long
+        if text is None or text.fed == 0:
+            return False
+        self.backend.seq_clear(text.lane)
+        self.cells.clear(text.lane)
+        text.fed, text.first, text.last, text.total = 0, None, None, None
+        return True
+
     def _free_long(self) -> None:
         assert self.long is not None
         self.backend.seq_clear(self.long.lane)
@@ -245,7 +256,9 @@ class Embedder:
         """Decode the next chunk of a text longer than a pass; its cells stay (booked)
         until its last chunk, then it is pooled and its cells freed."""
         chunk = text.tokens[text.fed : text.fed + min(self.backend.n_batch, MAX_PASS_ROWS)]
-        if not self.make_room(len(chunk)):
+        # The cells of all that is left, not just this chunk's: a text that cannot finish
+        # would hold cells generation needs.
+        if not self.make_room(len(text.tokens) - text.fed):
             return  # the running requests hold the cells: next tick
         self.n_passes += 1
         self._lay_out(0, text.lane, chunk, text.fed)

@@ -224,7 +224,8 @@ class ForwardPass(Sampling):
 
     def _no_kv_space(self, live: list[Segment], start: int, end: int, purge_allowed: bool) -> None:
         """``llama_decode`` found no KV cells: purge idle caches, halve, preempt, then fail."""
-        if purge_allowed and self._purge_idle():
+        # An embedding's long text gives its cells back first (it starts over later).
+        if purge_allowed and (self.embedder.give_back() | bool(self._purge_idle())):
             self._forward(live, purge_allowed=False)
             return
         if len(live) > 1:
