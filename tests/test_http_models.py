@@ -8,8 +8,11 @@ autoload off, ``--models-max 1``, and the preset's and ``--models-dir``'s errors
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -251,6 +254,51 @@ def test_models_max_1_unloads_the_idle_model(tmp_path: Path, tiny_model: str) ->
         # And back: the first model's fresh view tokenizes with its new engine.
         tokens = httpx.post(server.url + "/tokenize", json={"model": "smol", "content": "Hello"}, timeout=60)
         assert tokens.status_code == 200 and tokens.json()["tokens"]
+    finally:
+        server.stop()
+
+
+def test_models_max_1_queues_behind_a_busy_model_then_serves_both(tmp_path: Path, tiny_model: str) -> None:
+    # llama-server's router queue: a request for another model waits for the busy one to
+    # finish instead of evicting it mid-stream; requests for two models both get served.
+    preset = _preset(tmp_path / "m.ini", tiny_model, eager=True)
+    server = _router("--models-preset", preset, "--models-max", "1")
+    try:
+        url = server.url
+        body = {"model": "smol", "prompt": "Go on", "n_predict": 120, "ignore_eos": True, "stream": True}
+        finished: dict[str, float] = {}
+
+        def stream() -> list[str]:
+            with httpx.stream("POST", url + "/completion", json=body, timeout=120) as response:
+                lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+            finished["smol"] = time.monotonic()
+            return lines
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            busy = pool.submit(stream)
+            time.sleep(0.5)  # the stream holds smol's engine
+            queued = httpx.post(url + "/tokenize", json={"model": "tiny", "content": "Hello"}, timeout=120)
+            finished["tiny"] = time.monotonic()
+            events = [json.loads(line[6:]) for line in busy.result()]
+        assert queued.status_code == 200 and queued.json()["tokens"]
+        assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == 120  # never cut off
+        assert finished["tiny"] > finished["smol"]
+        assert _status(server) == {"smol": "unloaded", "smol-b": "unloaded", "tiny": "loaded"}
+
+        async def both() -> list[int]:
+            async with httpx.AsyncClient(timeout=120) as client:
+                replies = await asyncio.gather(
+                    *(
+                        client.post(
+                            url + "/v1/completions", json={"model": m, "prompt": "Hi", "max_tokens": 2}
+                        )
+                        for m in ("smol", "smol-b")
+                    )
+                )
+            return [reply.status_code for reply in replies]
+
+        assert asyncio.run(both()) == [200, 200]
+        assert _status(server)["tiny"] == "unloaded"
     finally:
         server.stop()
 

@@ -255,6 +255,8 @@ class _Gate:
             service.in_flight -= 1
             if task is not None:
                 service.tasks.discard(task)
+            if service.views is not None:  # router mode: the model this request held is free
+                service.views.release(scope)
 
 
 def create_app(settings: HttpSettings, start_engine: Callable[[], Any]) -> ASGIApp:

@@ -188,7 +188,8 @@ async def routed(request: Request) -> Service:
     service: Service = request.app.state.service
     if service.views is None:
         return service
-    return await service.views.view(getattr(request.state, "json", None), request.query_params)
+    state = request.scope.setdefault("state", {})  # the gate's scope too: it releases the model
+    return await service.views.view(getattr(request.state, "json", None), request.query_params, state)
 
 
 def lower_priority(nice: int) -> None:

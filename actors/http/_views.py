@@ -15,6 +15,7 @@ receiver (the manager's thread; it only pops a dict entry and counts).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,12 @@ __all__ = ["RUNNING", "ModelViews", "load_refusal", "model_states"]
 _LOAD_TIMEOUT_S = 600.0  # a model's first request waits this long for it to load
 _CALL_TIMEOUT_S = 30.0
 _STATS_TIMEOUT_S = 2.0
+# A model that cannot load until another goes idle: its requests wait this long at most,
+# asking again every _QUEUE_POLL_S (llama-server's router queues them too).
+_QUEUE_TIMEOUT_S = 300.0
+_QUEUE_POLL_S = 0.1
+_LOAD_HOLD_S = 1.0  # a model just loaded stays busy this long for its waiting requests to hold it
+_HELD = "llama_cpp_actors.model"  # in a request's scope state: the model it holds
 _MAX_NAME_SHOWN = 256
 
 
@@ -98,6 +105,11 @@ class ModelViews:
         self._views: dict[str, Service] = {}
         self._loading: dict[str, asyncio.Future[Service]] = {}
         self._unloads: dict[str, int] = {}
+        self._queue: list[str] = []  # models waiting for room, in arrival order
+        # Requests being handled per model, from routing to their last byte: a model
+        # is busy for the router from before its engine sees the request (tokenizing)
+        # to the end of its stream, so a queued model never takes its place meanwhile.
+        self._active: dict[str, int] = {}
         self._subscription = telemetry.Subscription({telemetry.model_unload: self._on_unload})
 
     def close(self) -> None:
@@ -132,19 +144,32 @@ class ModelViews:
             raise HttpError(400, f"model '{_shown(value)}' not found")
         return value
 
-    async def view(self, body: object, query: Mapping[str, str]) -> Service:
+    def release(self, scope: Mapping[str, Any]) -> None:
+        """The request of ``scope`` has ended: its model is no longer busy for it (event loop)."""
+        state = scope.get("state")
+        name = state.pop(_HELD, None) if isinstance(state, dict) else None
+        if name is not None:
+            self._active[name] -= 1
+
+    async def view(self, body: object, query: Mapping[str, str], state: dict[str, Any]) -> Service:
         """The view of the model a request names (its body's ``model``, or ``?model=``
-        for a GET), loaded first when autoload allows (event loop).
+        for a GET), loaded first when autoload allows (event loop). The request holds
+        the model (``state``: its scope's) until :meth:`release`.
 
         Raises:
             HttpError: 400 as :meth:`name_of`, or ``model is not loaded`` (autoload
-                off); 503 when it cannot load now (the budget, ``--models-max``).
+                off); 503 when it cannot load: the budget or ``--models-max`` is held
+                by pinned models, or by busy ones for longer than the queue's wait.
         """
         named = body.get("model") if isinstance(body, dict) else query.get("model")
         name = self.name_of(named)
-        view = self._views.get(name)
-        if view is not None:
-            return view
+        view = self._views.get(name) or await self._loaded(name, query)
+        if _HELD not in state:
+            state[_HELD] = name
+            self._active[name] = self._active.get(name, 0) + 1
+        return view
+
+    async def _loaded(self, name: str, query: Mapping[str, str]) -> Service:
         choice = query.get("autoload")
         autoload = self.root.settings.models_autoload if choice is None else choice in ("true", "1")
         loading = self._loading.get(name)
@@ -159,14 +184,70 @@ class ModelViews:
         if not loading.cancelled():
             loading.exception()  # retrieved: its waiters got it, or left (no "never retrieved")
 
+    async def _admit(self, name: str) -> None:
+        """Load ``name`` (at once if it is loaded; its engine loads in its own thread),
+        waiting while the models that hold the room are busy: the first model to wait
+        is the first to ask again (llama-server's router queue, FIFO)."""
+        deadline = time.monotonic() + _QUEUE_TIMEOUT_S
+        queued = False
+        try:
+            while True:
+                late = time.monotonic() > deadline
+                if (not queued or self._queue[0] == name) and (late or await self.root.call(self._now, name)):
+                    try:
+                        await self.root.call(self.manager.load, name)
+                        return
+                    except ModelLoadError as e:
+                        if late or not await self.root.call(self._may_free, name):
+                            raise load_refusal(e) from None
+                if not queued:
+                    self._queue.append(name)
+                    queued = True
+                await asyncio.sleep(_QUEUE_POLL_S)
+        finally:
+            if queued:
+                self._queue.remove(name)
+
+    def _now(self, name: str) -> bool:
+        """Whether to ask the manager for ``name`` now (a control thread): it is loaded,
+        there is room, a model that holds the room is idle here and in its engine, or
+        only pinned ones hold it (the manager's refusal then says so)."""
+        snapshot = self.manager.ask(GetStats(), timeout=_STATS_TIMEOUT_S)
+        models, most = snapshot["models"], snapshot["max_models"]
+        loaded = [n for n, s in models.items() if s["loaded"] and n != name]
+        if models[name]["loaded"] or not most or len(loaded) < most:
+            return True
+        if all(models[n]["pinned"] for n in loaded):
+            return True
+        return any(
+            not models[n]["pinned"] and not self._active.get(n) and not models[n]["in_flight"] for n in loaded
+        )
+
+    def _may_free(self, name: str) -> bool:
+        """Whether a loaded model other than ``name`` may go idle and make way (a
+        control thread): pinned ones never do."""
+        states = model_states(self.manager)
+        return any(s["loaded"] and not s["pinned"] for other, s in states.items() if other != name)
+
+    def _unhold(self, name: str) -> None:
+        self._active[name] -= 1
+
     async def _load(self, name: str, autoload: bool) -> Service:
+        # Busy from now: a queued model must not take its place before its requests hold it.
+        self._active[name] = self._active.get(name, 0) + 1
+        try:
+            return await self._make(name, autoload)
+        finally:
+            asyncio.get_running_loop().call_later(_LOAD_HOLD_S, self._unhold, name)
+
+    async def _make(self, name: str, autoload: bool) -> Service:
         unloads = self._unloads.get(name, 0)
         manager = self.manager
+        if autoload:
+            await self._admit(name)
 
         def work() -> tuple[Any, Any, Any, Any]:  # a control thread
-            if autoload:
-                manager.load(name)  # at once if loaded; its engine loads in its own thread
-            elif model_states(manager)[name]["state"] not in RUNNING:
+            if not autoload and model_states(manager)[name]["state"] not in RUNNING:
                 raise HttpError(400, "model is not loaded")
             handle = _ModelEngine(manager.engine(name), name)
             info = handle.ask(GetInfo(), timeout=_LOAD_TIMEOUT_S)  # answered once loaded
