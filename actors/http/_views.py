@@ -8,6 +8,12 @@ a fresh view, so a request never tokenizes with the vocabulary of an engine that
 stopped (one that raced an unload gets ``EngineStopped``, a 503, never a crash: the
 backend refuses calls once its model is freed).
 
+A model that cannot load until another goes idle (``--models-max``, the memory budget)
+waits, as llama-server's router queues it: requests for one model share one load, the
+models waiting ask again in the order they came, and a model is busy for the router
+from the moment a request is routed to it until the last byte of its answer (the app's
+gate calls :meth:`ModelViews.release`), so a waiting model never evicts it mid-request.
+
 Runs on the event loop, except the work of loading (a control thread) and the signal's
 receiver (the manager's thread; it only pops a dict entry and counts).
 """
