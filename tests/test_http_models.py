@@ -303,6 +303,24 @@ def test_models_max_1_queues_behind_a_busy_model_then_serves_both(tmp_path: Path
         server.stop()
 
 
+def test_a_queued_client_that_leaves_takes_no_models_place(tmp_path: Path, tiny_model: str) -> None:
+    preset = _preset(tmp_path / "m.ini", tiny_model, eager=True)
+    server = _router("--models-preset", preset, "--models-max", "1")
+    try:
+        url = server.url
+        body = {"model": "smol", "prompt": "Go on", "n_predict": 400, "ignore_eos": True}  # seconds
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(httpx.post, url + "/completion", json=body, timeout=120)
+            time.sleep(0.5)
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(url + "/tokenize", json={"model": "tiny", "content": "Hello"}, timeout=1)
+            assert busy.result().status_code == 200
+        time.sleep(2)  # the queue's next look: nobody waits for tiny any more
+        assert _status(server) == {"smol": "loaded", "smol-b": "unloaded", "tiny": "unloaded"}
+    finally:
+        server.stop()
+
+
 def test_a_model_that_cannot_fit_is_a_503_naming_the_numbers(tmp_path: Path, tiny_model: str) -> None:
     # The default model (about 147 MiB with its context) is pinned: the tiny one (about
     # 35 MiB) cannot fit beside it in 160 MiB, and nothing may make way.

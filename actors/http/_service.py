@@ -29,6 +29,7 @@ from actors.http._errors import HttpError
 from actors.http._metrics import Metrics
 from actors.http._params import Limits
 from actors.http._settings import HttpSettings
+from actors.http._stream import unless_disconnected
 from actors.http._views import ModelViews
 
 __all__ = ["Service", "routed"]
@@ -189,7 +190,10 @@ async def routed(request: Request) -> Service:
     if service.views is None:
         return service
     state = request.scope.setdefault("state", {})  # the gate's scope too: it releases the model
-    return await service.views.view(getattr(request.state, "json", None), request.query_params, state)
+    body = getattr(request.state, "json", None)
+    return await service.views.view(
+        body, request.query_params, state, lambda loading: unless_disconnected(request, loading)
+    )
 
 
 def lower_priority(nice: int) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import telemetry
@@ -116,6 +116,7 @@ class ModelViews:
         # is busy for the router from before its engine sees the request (tokenizing)
         # to the end of its stream, so a queued model never takes its place meanwhile.
         self._active: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}  # requests waiting for each model's load
         self._subscription = telemetry.Subscription({telemetry.model_unload: self._on_unload})
 
     def close(self) -> None:
@@ -157,10 +158,17 @@ class ModelViews:
         if name is not None:
             self._active[name] -= 1
 
-    async def view(self, body: object, query: Mapping[str, str], state: dict[str, Any]) -> Service:
+    async def view(
+        self,
+        body: object,
+        query: Mapping[str, str],
+        state: dict[str, Any],
+        unless_gone: Callable[[Awaitable[Service]], Awaitable[Service]],
+    ) -> Service:
         """The view of the model a request names (its body's ``model``, or ``?model=``
         for a GET), loaded first when autoload allows (event loop). The request holds
-        the model (``state``: its scope's) until :meth:`release`.
+        the model (``state``: its scope's) until :meth:`release`; ``unless_gone`` awaits
+        the load, or raises ``ClientGone`` when the client leaves first.
 
         Raises:
             HttpError: 400 as :meth:`name_of`, or ``model is not loaded`` (autoload
@@ -169,7 +177,7 @@ class ModelViews:
         """
         named = body.get("model") if isinstance(body, dict) else query.get("model")
         name = self.name_of(named)
-        view = self._views.get(name) or await self._loaded(name, query)
+        view = self._views.get(name) or await unless_gone(self._loaded(name, query))
         if _HELD not in state:
             state[_HELD] = name
             self._active[name] = self._active.get(name, 0) + 1
@@ -183,7 +191,11 @@ class ModelViews:
             loading = asyncio.ensure_future(self._load(name, autoload))
             self._loading[name] = loading
             loading.add_done_callback(lambda done: self._done(name, done))
-        return await asyncio.shield(loading)
+        self._waiting[name] = self._waiting.get(name, 0) + 1
+        try:
+            return await asyncio.shield(loading)  # a client that leaves leaves the load to the others
+        finally:
+            self._waiting[name] -= 1
 
     def _done(self, name: str, loading: asyncio.Future[Service]) -> None:
         self._loading.pop(name, None)
@@ -206,6 +218,8 @@ class ModelViews:
                     except ModelLoadError as e:
                         if late or not await self.root.call(self._may_free, name):
                             raise load_refusal(e) from None
+                if not self._waiting.get(name):  # its clients all left: it takes no one's place
+                    raise HttpError(503, f"every request for model '{name}' left while it waited")
                 if not queued:
                     self._queue.append(name)
                     queued = True
