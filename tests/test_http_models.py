@@ -498,3 +498,20 @@ def test_serve_with_a_preset_then_sigterm(tmp_path: Path, tiny_model: str) -> No
 def _status_at(url: str) -> dict[str, str]:
     listing = httpx.get(url + "/v1/models", timeout=30).json()
     return {m["id"]: m["status"]["value"] for m in listing["data"]}
+
+
+def test_api_key_guards_the_router_and_one_model_needs_no_name(tmp_path: Path, tiny_model: str) -> None:
+    preset = tmp_path / "m.ini"
+    preset.write_text(f"[tiny]\nmodel = {tiny_model}\nc = 256\nnp = 1\ncache-ram = 0\n")
+    server = _router("--models-preset", str(preset), "--api-key", "sk-router")
+    try:
+        url, key = server.url, {"Authorization": "Bearer sk-router"}
+        body = {"messages": CHAT, "max_tokens": 2}  # no model: the only one
+        refused = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        assert httpx.post(url + "/models/load", json={"model": "tiny"}, timeout=30).status_code == 401
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+        done = httpx.post(url + "/v1/chat/completions", json=body, headers=key, timeout=60)
+        assert done.status_code == 200 and done.json()["model"] == "tiny"
+    finally:
+        server.stop()
