@@ -231,7 +231,8 @@ def test_stats_and_info(server: pykka.ActorRef[Any], model_path: str) -> None:
     assert [(s.seq_id, s.state, s.request_id) for s in slots] == [(i, "idle", None) for i in range(4)]
     assert stats == {
         "active_slots": 0, "idle_slots": 4, "prefilling_slots": 0, "generating_slots": 0,
-        "queue_depth": 0, "n_parallel": 4, "n_batch": 2048, "n_ctx": 2048, "n_ctx_per_slot": 512,
+        "queue_depth": 0, "embed_queue_depth": 0, "embed_passes": 0, "embedded_texts": 0,
+        "n_parallel": 4, "n_batch": 2048, "n_ctx": 2048, "n_ctx_per_slot": 512,
         "kv_cells_used": 0, "kv_cells_total": 2048, "ram_cache_entries": 0, "ram_cache_bytes": 0,
         "preemptions": 0, "draft_tokens": 0, "draft_accepted": 0, "draft_acceptance_rate": 0.0,
         "kv_positions": (0, 0, 0, 0),
