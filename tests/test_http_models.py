@@ -375,6 +375,7 @@ def test_precedence_command_line_then_section_then_globals(tmp_path: Path, tiny_
     )
     assert plan.manager_options is not None
     assert (plan.manager_options["max_models"], plan.manager_options["memory_budget_mb"]) == (0, 900.0)
+    assert any("prompt cache (--cache-ram, default" in note for note in plan.notes)  # it counts in full
 
 
 @pytest.mark.parametrize(

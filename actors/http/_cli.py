@@ -299,6 +299,12 @@ def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan
         }
         per_model.append((entry.name, replace(plan.settings, model_ids=(entry.name,))))
     assert plan is not None  # model_entries gives at least one
+    default_cache = _cache_ram_mb(None)
+    if len(models) > 1 and any(m["prompt_cache_ram_mb"] == default_cache for m in models.values()):
+        notes.append(
+            f"each model's RAM prompt cache (--cache-ram, default {default_cache} MiB) counts in full "
+            "against --models-memory-mb; set cache-ram in the preset's [*] or on the command line"
+        )
     manager = {
         "models": models,
         "memory_budget_mb": v["models_memory_mb"],
