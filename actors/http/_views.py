@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import telemetry
@@ -117,11 +118,15 @@ class ModelViews:
         # to the end of its stream, so a queued model never takes its place meanwhile.
         self._active: dict[str, int] = {}
         self._waiting: dict[str, int] = {}  # requests waiting for each model's load
+        # Threads of their own: a load waits seconds for its model, which must not hold
+        # the control threads /slots, /metrics and the queue's looks use.
+        self._loads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llama-cpp-actors-http-load")
         self._subscription = telemetry.Subscription({telemetry.model_unload: self._on_unload})
 
     def close(self) -> None:
         """Stop listening for unloads (lifespan shutdown)."""
         self._subscription.close()
+        self._loads.shutdown(wait=False, cancel_futures=True)
 
     def _on_unload(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         # The manager's thread: the next request for this model makes a fresh view.
@@ -134,7 +139,7 @@ class ModelViews:
         """The model's view if it is loaded as far as the router knows."""
         return self._views.get(name)
 
-    def name_of(self, value: object, *, missing_ok: bool = False) -> str:
+    def name_of(self, value: object) -> str:
         """The registered model ``value`` names (llama-server's ``router_validate_model``):
         with one model, a request may leave it out (ours; llama-server always asks).
 
@@ -142,7 +147,7 @@ class ModelViews:
             HttpError: 400, no model named (with several) or an unknown one.
         """
         if value is None or value == "":
-            if len(self.names) == 1 or missing_ok:
+            if len(self.names) == 1:
                 return self.names[0]
             raise HttpError(400, "model name is missing from the request")
         if not isinstance(value, str):
@@ -213,7 +218,7 @@ class ModelViews:
                 late = time.monotonic() > deadline
                 if (not queued or self._queue[0] == name) and (late or await self.root.call(self._now, name)):
                     try:
-                        await self.root.call(self.manager.load, name)
+                        await asyncio.get_running_loop().run_in_executor(self._loads, self.manager.load, name)
                         return
                     except ModelLoadError as e:
                         if late or not await self.root.call(self._may_free, name):
@@ -275,7 +280,9 @@ class ModelViews:
             return handle, info, stats, handle.ask(GetTokenizer(), timeout=_CALL_TIMEOUT_S)
 
         try:
-            handle, info, stats, tokenizer = await self.root.call(work)
+            handle, info, stats, tokenizer = await asyncio.get_running_loop().run_in_executor(
+                self._loads, work
+            )
         except ModelLoadError as e:
             if not autoload:  # the manager's autoload is off and the model is not loaded
                 raise HttpError(400, "model is not loaded") from None
