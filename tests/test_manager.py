@@ -36,6 +36,7 @@ from actors import (
     Stream,
     agenerate,
     chat,
+    default_model_path,
     estimate_memory,
     generate,
     stream,
@@ -240,7 +241,9 @@ def test_a_model_that_fails_to_load_fails_only_its_own_requests(
     with pytest.raises(EngineStopped, match="could not load its model"):
         generate(manager, "Hi", max_tokens=2, model="broken", timeout=60)
     assert generate(manager, "Hi", max_tokens=2, model="good", timeout=60).generated_tokens == 2
-    wait_for(lambda: states(manager)["broken"] == "failed")
+    # Failed, until the keep_alive sweep frees it (its estimate counted for nothing).
+    wait_for(lambda: states(manager)["broken"] in ("failed", "unloaded"))
+    assert "could not load" in manager.ask(GetStats())["models"]["broken"]["last_error"]
     with pytest.raises(EngineStopped, match="broken"):  # loaded again for it, and failed again
         generate(manager, "Hi", max_tokens=2, model="broken", timeout=60)
     assert generate(manager, "Hi", max_tokens=2, model="good", timeout=60).generated_tokens == 2
@@ -448,6 +451,143 @@ def test_requests_for_a_loading_model_wait_in_a_bounded_queue(managers: Callable
             while not isinstance(event := events[i].get(timeout=60), Done | Failed):
                 pass
             assert isinstance(event, Done)
+    finally:
+        release.set()
+        subscription.close()
+
+
+class _ShiftyPath:
+    """A path-like that names one file when checked and another afterwards (or raises)."""
+
+    def __init__(self, first: str, then: str | BaseException) -> None:
+        self.first, self.then, self.calls = first, then, 0
+
+    def __fspath__(self) -> str:
+        self.calls += 1
+        if self.calls == 1:
+            return self.first
+        if isinstance(self.then, BaseException):
+            raise self.then
+        return self.then
+
+
+def test_the_options_checked_at_register_are_the_ones_loaded(
+    managers: Callable[..., ModelManager], tiny_model: str
+) -> None:
+    """A caller's object is never read again in the manager's thread: a path that turns
+    into another file, or raises SystemExit, at load changes nothing."""
+    manager = managers(memory_budget_mb=4 * ONE_MB)
+    manager.register("x", model_path=_ShiftyPath(tiny_model, SystemExit(3)), n_ctx=512, n_parallel=1)
+    manager.register("y", model_path=_ShiftyPath(tiny_model, default_model_path()), n_ctx=512, n_parallel=1)
+    for name in ("x", "y"):
+        assert (
+            generate(manager, "Hi", max_tokens=2, ignore_eos=True, model=name, timeout=60).generated_tokens
+            == 2
+        )
+    info = manager.engine("y").ask(GetInfo())
+    assert info["model_path"] == tiny_model
+    assert manager.is_alive()
+
+
+def test_request_ids_are_unique_across_models_and_a_cancel_reaches_one(
+    managers: Callable[..., ModelManager],
+) -> None:
+    manager = managers({"a": SMALL, "b": SMALL}, memory_budget_mb=4 * ONE_MB)
+    events: queue.Queue[Any] = queue.Queue()
+    manager.tell(Stream("Hi", reply_to=events, max_tokens=300, ignore_eos=True, model="a", request_id="r1"))
+    assert not isinstance(events.get(timeout=60), Failed)
+    with pytest.raises(InvalidRequest, match="in flight on another model"):
+        generate(manager, "Hi", max_tokens=2, model="b", request_id="r1", timeout=60)
+    other = generate(manager, "Hi", max_tokens=2, model="b", request_id="r2", timeout=60)
+    assert other.generated_tokens == 2
+    manager.tell(Cancel("r1"))
+    while not isinstance(event := events.get(timeout=60), Done | Failed):
+        pass
+    assert isinstance(event, Done) and event.completion.stop_reason == "cancelled"
+
+
+def test_hostile_calls_are_refused_before_any_model_loads(
+    managers: Callable[..., ModelManager], unloads: list[tuple[str, str]]
+) -> None:
+    manager = managers({"a": SMALL, "b": SMALL}, memory_budget_mb=1.5 * ONE_MB)
+    generate(manager, "Hi", max_tokens=1, model="a", timeout=60)
+    with pytest.raises(TypeError, match="does not handle"):
+        manager.ask(object())
+    with pytest.raises(TypeError, match="does not handle"):
+        manager.engine("b").tell("hello")
+    for timeout in (float("inf"), float("nan"), -1, 1e300, "1", True):
+        with pytest.raises(InvalidRequest, match="timeout"):
+            manager.ask(Generate("Hi", max_tokens=1, model="b"), timeout=timeout)
+    for name in (None, [1], ""):
+        for call in (manager.unload, manager.unregister, manager.load):
+            with pytest.raises(InvalidRequest):
+                call(name)  # type: ignore[arg-type]
+    assert unloads == [] and states(manager) == {"a": "ready", "b": "unloaded"}
+
+
+def test_a_request_that_cannot_fit_unloads_nothing(
+    managers: Callable[..., ModelManager], unloads: list[tuple[str, str]]
+) -> None:
+    manager = managers(
+        {"p": {**SMALL, "pinned": True}, "a": SMALL, "big": {**SMALL, "n_ctx": 4096}},
+        memory_budget_mb=2.2 * ONE_MB,
+    )
+    for name in ("p", "a"):
+        generate(manager, "Hi", max_tokens=1, model=name, timeout=60)
+    with pytest.raises(MemoryBudgetExceeded, match="'big' needs about"):
+        generate(manager, "Hi", max_tokens=1, model="big", timeout=60)
+    assert unloads == [] and states(manager) == {"p": "ready", "a": "ready", "big": "unloaded"}
+
+
+def test_blocking_requests_to_a_loading_model_count_once(managers: Callable[..., ModelManager]) -> None:
+    release = threading.Event()
+
+    def hold(sender: object, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        if metadata.get("replica") == "held" and measurements["load_ms"] is None:
+            release.wait(30)
+
+    subscription = telemetry.Subscription({telemetry.model_load: hold})
+    try:
+        manager = managers({"held": {**SMALL, "max_queue": 8}}, memory_budget_mb=4 * ONE_MB)  # capacity 10
+        outcomes: list[Any] = []
+
+        def call() -> None:
+            try:
+                outcomes.append(generate(manager, "Hi", max_tokens=1, timeout=60))
+            except Exception as e:
+                outcomes.append(e)
+
+        threads = [threading.Thread(target=call) for _ in range(10)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: manager.ask(GetStats())["models"]["held"]["in_flight"] == 10)
+        release.set()
+        for thread in threads:
+            thread.join(60)
+        assert [type(o).__name__ for o in outcomes] == ["Completion"] * 10
+    finally:
+        release.set()
+        subscription.close()
+
+
+def test_keep_alive_counts_from_the_end_of_the_load(
+    managers: Callable[..., ModelManager], unloads: list[tuple[str, str]]
+) -> None:
+    release = threading.Event()
+
+    def hold(sender: object, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        if metadata.get("replica") == "slow" and measurements["load_ms"] is None:
+            release.wait(30)
+
+    subscription = telemetry.Subscription({telemetry.model_load: hold})
+    try:
+        manager = managers({"slow": {**SMALL, "keep_alive_s": 0.2}}, memory_budget_mb=4 * ONE_MB)
+        manager.load("slow")
+        time.sleep(1.0)  # five keep_alives into a load that has not ended
+        assert states(manager) == {"slow": "loading"} and unloads == []
+        release.set()
+        wait_for(lambda: states(manager)["slow"] == "unloaded")
+        assert unloads == [("slow", "idle")]
     finally:
         release.set()
         subscription.close()

@@ -36,6 +36,7 @@ _FORMATS = {
 _STRING, _ARRAY = 8, 9
 _MAX_STRING = 1 << 20  # a longer key or value is not a real header (chat templates are ~10 KB)
 _MAX_KEYS = 1 << 16
+_MAX_ITEMS = 1 << 24
 _MAX_KEPT_ARRAY = 4096  # numeric arrays up to this long are kept (per-layer values)
 
 
@@ -101,7 +102,9 @@ def _scalar(file: IO[bytes], kind: int) -> Any:
 
 def _array(file: IO[bytes], key: str, values: dict[str, Any], file_bytes: int) -> None:
     item, count = struct.unpack("<IQ", _read(file, 12))
-    if count > file_bytes:  # every item takes a byte at least: a lie that would loop for hours
+    # Every item takes a byte at least, and no vocabulary or merge list is near 2**24:
+    # a lie that would loop for minutes over a large file.
+    if count > min(file_bytes, _MAX_ITEMS):
         raise ValueError(f"implausible GGUF array {key!r} of {count} items")
     values[f"{key}#len"] = count
     if item == _STRING:

@@ -24,17 +24,34 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import pykka
 
-from actors.actor._estimate import MemoryEstimate, estimate_options
-from actors.actor._options import check_options
+from actors.actor._estimate import estimate_options
+from actors.actor._options import StartOptions, check_options
 from actors.contract._checks import MAX_ID_LENGTH, _checked_text
-from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, RequestTimeout
-from actors.contract._messages import Cancel, Drain, GetInfo, GetStats, GetTokenizer, _CancelExact
+from actors.contract._embed import Embed
+from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest
+from actors.contract._messages import (
+    STREAMING,
+    Cancel,
+    Chat,
+    Drain,
+    Generate,
+    GenerateTokens,
+    GetInfo,
+    GetStats,
+    GetTokenizer,
+    SamplingParams,
+    _CancelExact,
+    _Submit,
+)
 from actors.scale._pool import ServerPool
 from actors.scale._registry import (
     Acquire,
@@ -49,6 +66,7 @@ from actors.scale._registry import (
     listed,
     machine_memory_mb,
     tell_quietly,
+    times,
 )
 
 __all__ = ["ModelHandle", "ModelManager"]
@@ -57,6 +75,8 @@ _DEFAULT_KEEP_ALIVE_S = 300.0
 _STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
 _VERDICT_WAIT_S = 1.0  # how long a refused request waits to learn why its engine died
 _CONTROL = (Cancel, _CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
+_ROUTED = (Generate, GenerateTokens, Chat, *STREAMING, Embed, _Submit)
+_MAX_TIMEOUT_S = 1e6
 
 
 def _checked_name(name: object) -> str:
@@ -122,6 +142,8 @@ class ModelManager:
         """
         if memory_budget_mb is None:
             budget = 0.8 * machine_memory_mb()
+            if budget <= 0:
+                raise ConfigError("the machine's memory is unknown here: pass memory_budget_mb")
         elif (
             isinstance(memory_budget_mb, bool)
             or not isinstance(memory_budget_mb, int | float)
@@ -192,8 +214,9 @@ class ModelManager:
         estimate = estimate_options(checked)
         model = Model(
             name=name,
-            options=dict(server_options),
-            estimate=_times(estimate, replicas),
+            options=_plain_options(server_options, checked),
+            checked=checked,
+            estimate=times(estimate, replicas),
             keep_alive_s=_checked_keep_alive(keep_alive_s),
             pinned=pinned,
             replicas=replicas,
@@ -204,13 +227,13 @@ class ModelManager:
     def unregister(self, name: str) -> None:
         """Remove a model; its engine stops, requests in flight fail with ``EngineStopped``."""
         self._check_running()
-        self._call(Unregister(name))
+        self._call(Unregister(_known_name(name)))
 
     def unload(self, name: str) -> None:
         """Unload a model now (it loads again at its next request); as :meth:`unregister`
         for its requests in flight."""
         self._check_running()
-        self._call(Unload(name))
+        self._call(Unload(_known_name(name)))
 
     def load(self, name: str) -> None:
         """Load a model now (if it is not): its engine starts and loads in its own thread.
@@ -219,7 +242,7 @@ class ModelManager:
             InvalidRequest: unknown model. MemoryBudgetExceeded: it cannot fit now.
         """
         self._check_running()
-        leased, _ = self._lease(name, load=True)
+        leased, _ = self._lease(_known_name(name), load=True)
         tell_quietly(self._actor, Release(leased))
 
     def models(self) -> tuple[str, ...]:
@@ -274,15 +297,18 @@ class ModelManager:
         if self._stopped or not self._actor.is_alive():
             raise EngineStopped("the model manager was stopped")
 
-    def _lease(self, name: str | None, load: bool = False) -> tuple[str, ServerPool]:
+    def _lease(
+        self, name: str | None, load: bool = False, request_id: str | None = None
+    ) -> tuple[Model, ServerPool]:
         self._check_running()
         try:
-            leased: tuple[str, ServerPool] = self._call(Acquire(name, load))
+            leased: tuple[Model, ServerPool] = self._call(Acquire(name, load, request_id))
         except pykka.ActorDeadError:
             raise EngineStopped("the model manager was stopped") from None
         return leased
 
     def _ask(self, message: Any, name: str | None, block: bool, timeout: float | None) -> Any:
+        timeout = _checked_timeout(timeout)
         if isinstance(message, _CONTROL):
             answer = self._control(message, name, timeout)
             if block:
@@ -290,25 +316,27 @@ class ModelManager:
             future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
             future.set(answer)
             return future
-        leased, pool = self._lease(name)
+        request_id = _request_id(message)
+        model, pool = self._lease(name, request_id=request_id)
         try:
             return pool.ask(message, block=block, timeout=timeout)
         except EngineStopped as e:
-            raise EngineStopped(f"model {leased!r}: {_why_down(pool, e)}") from None
+            raise EngineStopped(f"model {model.name!r}: {_why_down(pool, e)}") from None
         finally:
-            tell_quietly(self._actor, Release(leased))
+            tell_quietly(self._actor, Release(model, request_id))
 
     def _tell(self, message: Any, name: str | None) -> None:
         if isinstance(message, _CONTROL):
             self._control(message, name, None)
             return
-        leased, pool = self._lease(name)
+        request_id = _request_id(message)
+        model, pool = self._lease(name, request_id=request_id)
         try:
             pool.tell(message)
         except EngineStopped as e:
-            raise EngineStopped(f"model {leased!r}: {_why_down(pool, e)}") from None
+            raise EngineStopped(f"model {model.name!r}: {_why_down(pool, e)}") from None
         finally:
-            tell_quietly(self._actor, Release(leased))
+            tell_quietly(self._actor, Release(model, request_id))
 
     def _pools(self) -> dict[str, Any]:
         self._check_running()
@@ -317,10 +345,11 @@ class ModelManager:
 
     def _control(self, message: Any, name: str | None, timeout: float | None) -> Any:
         if isinstance(message, Cancel | _CancelExact):
-            # A cancel names no model: each loaded engine drops it unless it runs the request.
+            # A cancel names no model: it goes to the engine that runs its id (the manager
+            # refuses an id in flight on two models), if any.
             for info in self._pools()["models"].values():
                 pool = info["pool"]
-                if pool is not None:
+                if pool is not None and pool.router.replica_of(message.request_id) is not None:
                     with contextlib.suppress(EngineStopped):
                         pool.tell(message)
             return None
@@ -333,34 +362,60 @@ class ModelManager:
             return stats["models"][name]
         if isinstance(message, Drain):
             return self._drain(message)
-        leased, pool = self._lease(name)  # GetInfo, GetTokenizer: the model's own
+        model, pool = self._lease(name)  # GetInfo, GetTokenizer: the model's own
         try:
             return pool.ask(message, timeout=timeout)
         finally:
-            tell_quietly(self._actor, Release(leased))
+            tell_quietly(self._actor, Release(model))
 
     def _stats(self, timeout: float | None) -> dict[str, Any]:
+        """Every model's state, and the stats of the engines that are ready, asked all at
+        once within one deadline (a busy engine answers after its tick)."""
         snapshot = self._pools()
         wait = _STATS_TIMEOUT_S if timeout is None else timeout
-        models: dict[str, Any] = {}
+        pools = {
+            name: info["pool"]
+            for name, info in snapshot["models"].items()
+            if info["pool"] is not None and info["pool"].gave_up() is None
+        }
+        deadline = time.monotonic() + wait
+        # A pool answers GetStats in the asking thread: one thread per engine, one deadline.
+        executor = ThreadPoolExecutor(
+            max_workers=max(len(pools), 1), thread_name_prefix="llama-cpp-actors-stats"
+        )
+        asked = {name: executor.submit(pool.ask, GetStats(), timeout=wait) for name, pool in pools.items()}
+        executor.shutdown(wait=False)  # a late answer ends its thread by the ask's own timeout
+        answers: dict[str, Any] = {}
+        for name, future in asked.items():
+            with contextlib.suppress(Exception):  # a busy or loading engine: no stats this time
+                answers[name] = future.result(timeout=max(deadline - time.monotonic(), 0.0))
         for name, info in snapshot["models"].items():
             pool = info.pop("pool")
-            info["engine"], info["state"] = _engine_state(pool, wait)
+            engine = answers.get(name)
+            info["engine"] = engine
+            # An engine that answered has loaded (the manager may not know it yet).
+            info["state"] = _state(pool, info["ready"] or engine is not None)
+            if info["state"] == "failed":
+                info["last_error"] = pool.gave_up()
             info["in_flight"] = 0 if pool is None else in_flight(pool)
-            models[name] = info
-        snapshot["models"] = models
         return snapshot
 
     def _drain(self, message: Drain) -> int:
-        snapshot = self._pools()
-        unfinished = 0
-        for info in snapshot["models"].values():
-            pool = info["pool"]
-            if pool is not None:
-                with contextlib.suppress(EngineStopped):
-                    unfinished += int(pool.ask(message))
+        """Drain every model at once, then stop the manager."""
+        pools = [info["pool"] for info in self._pools()["models"].values() if info["pool"] is not None]
+        results = [0] * len(pools)
+
+        def drain(index: int, pool: ServerPool) -> None:
+            with contextlib.suppress(EngineStopped):
+                results[index] = int(pool.ask(message))
+
+        threads = [threading.Thread(target=drain, args=(i, p), daemon=True) for i, p in enumerate(pools)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         self.stop()
-        return unfinished
+        return sum(results)
 
 
 def _why_down(pool: ServerPool, error: EngineStopped) -> str:
@@ -368,39 +423,49 @@ def _why_down(pool: ServerPool, error: EngineStopped) -> str:
     names llama.cpp's reason), which the monitor thread gives a moment after the engine
     died; else the refusal itself (caller's thread)."""
     deadline = time.monotonic() + _VERDICT_WAIT_S
-    while (reason := pool.gave_up()) is None and not pool.up() and time.monotonic() < deadline:
+    while (
+        (reason := pool.gave_up()) is None
+        and pool.is_alive()
+        and not pool.up()
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.02)
     return reason or str(error)
 
 
-def _engine_state(pool: ServerPool | None, wait: float) -> tuple[dict[str, Any] | None, str]:
-    """A model's engine stats (None unless ready) and state: ``unloaded``, ``loading``
-    (it answers once its model is loaded), ``ready``, ``restarting`` (after a crash) or
-    ``failed`` (its restarts ran out: the next request loads it again)."""
+def _state(pool: ServerPool | None, ready: bool) -> str:
+    """``unloaded``, ``loading`` (its engine is loading the file), ``ready``,
+    ``restarting`` or ``failed`` (it died: the next request loads it again)."""
     if pool is None:
-        return None, "unloaded"
+        return "unloaded"
     if pool.gave_up() is not None:
-        return None, "failed"  # the next request loads it again
-    try:
-        stats: dict[str, Any] = pool.ask(GetStats(), timeout=wait)
-    except (pykka.Timeout, RequestTimeout, EngineStopped):
-        return None, "loading" if pool.up() else "restarting"
-    return (stats, "ready") if stats.get("replicas_up") else (None, "restarting")
+        return "failed"
+    if not ready:
+        return "loading"
+    return "ready" if pool.up() else "restarting"
 
 
-def _times(estimate: MemoryEstimate, replicas: int) -> MemoryEstimate:
-    """The estimate of ``replicas`` engines of one model (each holds its own copy)."""
-    if replicas == 1:
-        return estimate
-    return dataclasses.replace(
-        estimate,
-        weights_mb=estimate.weights_mb * replicas,
-        kv_mb=estimate.kv_mb * replicas,
-        compute_mb=estimate.compute_mb * replicas,
-        overhead_mb=estimate.overhead_mb * replicas,
-        draft_mb=estimate.draft_mb * replicas,
-        ram_cache_mb=estimate.ram_cache_mb * replicas,
-    )
+def _request_id(message: Any) -> str:
+    """The id of a request the manager routes; anything else is refused before a model
+    is leased (leasing may load one, and unload another)."""
+    if not isinstance(message, _ROUTED):
+        raise TypeError(f"a ModelManager does not handle {type(message).__name__}: {message!r}")
+    request = message.message if isinstance(message, _Submit) else message
+    return request.request_id
+
+
+def _checked_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 <= timeout <= _MAX_TIMEOUT_S
+    ):
+        raise InvalidRequest(
+            f"timeout must be None or a number of seconds within [0, {_MAX_TIMEOUT_S:g}], got {timeout!r}"
+        )
+    return float(timeout)
 
 
 class ModelHandle:
@@ -434,3 +499,35 @@ class ModelHandle:
     def tell(self, message: Any) -> None:
         """As :meth:`ModelManager.tell`, for this model."""
         self.manager._tell(message, self._model(message))
+
+
+def _known_name(name: object) -> str:
+    """A name given to unload, unregister or load: never None (the default model)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"name a model, got {name!r}")
+    return name
+
+
+def _plain_options(options: Mapping[str, Any], checked: StartOptions) -> dict[str, Any]:
+    """``options`` as the engine will be started with them, from the checked values:
+    never a caller's object that could answer differently at load (a path-like whose
+    ``__fspath__`` changes, a number subclass that raises). Paths become absolute, so a
+    change of the working directory does not change the model."""
+    plain: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in ("model_path", "draft_model_path"):
+            path = getattr(checked, key)
+            plain[key] = None if path is None else os.path.abspath(path)
+        elif key in _START_FIELDS:
+            plain[key] = getattr(checked, key)
+        elif key in _SAMPLING_FIELDS:
+            plain[key] = getattr(checked.defaults, key)
+        elif isinstance(value, bool | int | float | str):
+            plain[key] = next(base(value) for base in (bool, int, float, str) if isinstance(value, base))
+        else:
+            plain[key] = value
+    return plain
+
+
+_START_FIELDS = frozenset(f.name for f in dataclasses.fields(StartOptions)) - {"defaults"}
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))

@@ -18,14 +18,17 @@ from typing import Any
 import pykka
 
 import telemetry
-from actors.actor._estimate import MemoryEstimate
+from actors.actor._estimate import MemoryEstimate, estimate_options
+from actors.actor._options import StartOptions
 from actors.contract._errors import (
     ConfigError,
+    EngineError,
     InvalidRequest,
     MemoryBudgetExceeded,
     ModelLoadError,
     QueueFull,
 )
+from actors.contract._messages import GetInfo
 from actors.scale._pool import ServerPool
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "listed",
     "machine_memory_mb",
     "tell_quietly",
+    "times",
 ]
 
 _log = logging.getLogger("llama_cpp_actors.manager")
@@ -48,28 +52,50 @@ _log = logging.getLogger("llama_cpp_actors.manager")
 _MIB = 1 << 20
 # How often the manager looks for models idle past their keep_alive, at most and least.
 _SWEEP_MIN_S, _SWEEP_MAX_S = 0.05, 5.0
+_STOP_WAIT_S = 30.0  # how long a load waits for the idle engines it unloaded to stop
+_LOAD_WAIT_S = 3600.0  # how long a load may take before the manager stops watching it
 
 
 def machine_memory_mb() -> float:
-    """The machine's physical memory in MiB (any thread); 0 when the OS does not say."""
+    """The memory this process may use, in MiB (any thread): the machine's, or its
+    cgroup's limit when lower (a container); 0 when the OS says neither."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _MIB
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _MIB
     except (ValueError, OSError, AttributeError):
-        return 0.0
+        physical = 0.0
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as file:
+                text = file.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) means no limit; v1 says a huge number
+            limit = int(text) / _MIB
+            if 0 < limit < (physical or float("inf")):
+                return limit
+    return physical
 
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Model:
-    """One registered model (manager thread only, but ``pool`` is read by callers)."""
+    """One registered model (manager thread only, but ``pool`` is read by callers).
+
+    A model is *loaded* while it has a ``pool`` (its engine may still be loading the
+    file: ``ready`` turns True once the engine answered), and is counted against the
+    budget from the load's start until its engine has stopped.
+    """
 
     name: str
-    options: dict[str, Any]
+    options: dict[str, Any]  # the checked options ServerPool.start takes (no caller objects)
+    checked: StartOptions
     estimate: MemoryEstimate
     keep_alive_s: float | None
     pinned: bool
     replicas: int
     capacity: int  # requests it takes at once: its slots and queues (every replica's)
     pool: ServerPool | None = None
+    ready: bool = False
+    generation: int = 0  # one per load: a late Loaded for an earlier engine is ignored
     leases: int = 0
     idle_since: float = 0.0  # monotonic: when it was last seen with nothing to do
     loaded_at: float = 0.0
@@ -92,11 +118,13 @@ class Unregister:
 class Acquire:
     name: str | None
     load: bool = False  # load it even without autoload (an explicit load)
+    request_id: str | None = None  # refused while another model runs the same id
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Release:
-    name: str
+    model: Model  # the lease's own model: a later one of the same name is another
+    request_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,12 +142,28 @@ class _Sweep:
     pass
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Loaded:
+    model: Model
+    generation: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Stopped:
+    token: object
+
+
 def in_flight(pool: ServerPool) -> int:
     return sum(pool.router.loads().values())
 
 
 class ManagerActor(pykka.ThreadingActor):
-    """Owns the registry; loads, unloads and leases models (its own thread)."""
+    """Owns the registry; loads, unloads and leases models (its own thread).
+
+    It never waits on an engine, except for the idle engines it unloads to make room
+    (an idle, loaded engine stops at once) and when the manager stops: an engine is
+    stopped in a thread of its own, and its memory counts until it has stopped.
+    """
 
     use_daemon_thread = True
 
@@ -133,20 +177,42 @@ class ManagerActor(pykka.ThreadingActor):
         self.autoload = autoload
         self.sender = sender  # what the signals name as their sender: the handle
         self.models: dict[str, Model] = {}
+        self._stopping: dict[object, tuple[float, threading.Thread]] = {}  # token: (MiB, stopper)
+        self._leased_ids: dict[str, Model] = {}  # request ids between Acquire and Release
         self._timer: threading.Timer | None = None
         self._due = 0.0  # when the timer fires (monotonic)
 
     # -- messages (manager thread) --------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        """Dispatch one message; its errors go back to the asker."""
+        """Dispatch one message; its errors go back to the asker.
+
+        A ``BaseException`` (a caller's object raising ``SystemExit``) becomes an
+        ``EngineError``: pykka would stop every actor of the process for it.
+        """
+        try:
+            return self._dispatch(message)
+        except Exception:
+            raise
+        except BaseException as e:
+            raise EngineError(f"the model manager's {type(message).__name__} failed: {e!r}") from None
+
+    def _dispatch(self, message: Any) -> Any:
         if isinstance(message, Acquire):
-            return self._acquire(message.name, message.load)
+            return self._acquire(message)
         if isinstance(message, Release):
-            model = self.models.get(message.name)
-            if model is not None:
-                model.leases -= 1
-                model.idle_since = time.monotonic()
+            message.model.leases -= 1
+            message.model.idle_since = time.monotonic()
+            if message.request_id is not None and self._leased_ids.get(message.request_id) is message.model:
+                del self._leased_ids[message.request_id]
+            return None
+        if isinstance(message, _Loaded):
+            if message.model.generation == message.generation and message.model.pool is not None:
+                message.model.ready = True
+                message.model.idle_since = time.monotonic()  # keep_alive counts from here
+            return None
+        if isinstance(message, _Stopped):
+            self._stopping.pop(message.token, None)
             return None
         if isinstance(message, Register):
             return self._register(message.model, message.eager)
@@ -171,11 +237,14 @@ class ManagerActor(pykka.ThreadingActor):
         raise TypeError(f"the model manager does not handle {message!r}")
 
     def on_stop(self) -> None:
-        """Unload every model; requests in flight fail with ``EngineStopped`` (manager thread)."""
+        """Unload every model and wait for their engines; requests in flight fail with
+        ``EngineStopped`` (manager thread)."""
         if self._timer is not None:
             self._timer.cancel()
         for model in self.models.values():
             self._unload(model, "stopped")
+        for _, stopper in list(self._stopping.values()):
+            stopper.join(_STOP_WAIT_S)
 
     def on_failure(self, *_: object) -> None:
         """A manager that crashed still frees its models (manager thread)."""
@@ -216,17 +285,26 @@ class ManagerActor(pykka.ThreadingActor):
                 del self.models[model.name]
                 raise
 
-    def _acquire(self, name: str | None, load: bool) -> tuple[str, ServerPool]:
-        """The model's name and engine, loaded if needed, with a lease the caller ends
+    def _acquire(self, message: Acquire) -> tuple[Model, ServerPool]:
+        """The model and its engine, loaded if needed, with a lease the caller ends
         (``Release``)."""
-        model = self._named(name)
+        model = self._named(message.name)
+        request_id = message.request_id
+        if request_id is not None:
+            for other in self.models.values():
+                leased_by = self._leased_ids.get(request_id)
+                running = other.pool is not None and other.pool.router.replica_of(request_id) is not None
+                if (leased_by is not None and leased_by is not model) or (other is not model and running):
+                    raise InvalidRequest(
+                        f"request_id {request_id!r} is in flight on another model: ids must be unique"
+                    )
         pool = model.pool
         if pool is not None and not pool.up() and pool.gave_up() is not None:
-            # Its engine died for good (a load that failed, crashes past max_restarts):
-            # free it and load again for this request.
+            # Its engine died for good (a load that failed, a crash): free it and load
+            # again for this request.
             self._unload(model, "failed")
         if model.pool is None:
-            if not (self.autoload or load):
+            if not (self.autoload or message.load):
                 raise ModelLoadError(
                     f"model {model.name!r} is not loaded, and this manager loads models only when told"
                 )
@@ -234,54 +312,41 @@ class ManagerActor(pykka.ThreadingActor):
         assert model.pool is not None
         # Its engine bounds its queue only once loaded: until then requests wait in the
         # engine's inbox, so the manager bounds them (and the same number after).
-        if model.leases + in_flight(model.pool) >= model.capacity:
+        if in_flight(model.pool) >= model.capacity:
             raise QueueFull(
                 f"model {model.name!r} has {model.capacity} requests waiting or running (its slots "
                 "and max_queue, loading or not)"
             )
         model.leases += 1
         model.idle_since = time.monotonic()
-        return model.name, model.pool
+        if request_id is not None:
+            self._leased_ids[request_id] = model
+        return model, model.pool
 
     def _loaded(self) -> int:
-        return sum(1 for m in self.models.values() if m.pool is not None)
-
-    def _fits(self, needed_mb: float) -> bool:
-        room = not self.max_models or self._loaded() < self.max_models
-        return room and self._held_mb() + needed_mb <= self.budget_mb
+        return sum(1 for m in self.models.values() if m.pool is not None) + len(self._stopping)
 
     def _held_mb(self) -> float:
-        return sum(m.estimate.total_mb for m in self.models.values() if m.pool is not None)
+        held = sum(m.estimate.total_mb for m in self.models.values() if m.pool is not None)
+        return held + sum(mb for mb, _ in self._stopping.values())
 
     def _load(self, model: Model) -> None:
         """Start the model's engine (its model loads in the engine's thread), first
-        unloading idle models, least recently used first, until it fits."""
+        unloading idle models, least recently used first, when it would not fit."""
+        try:
+            # The file is read again: it may have changed since it was registered.
+            model.estimate = times(estimate_options(model.checked), model.replicas)
+        except ModelLoadError as e:
+            model.last_error = str(e)
+            raise
         needed = model.estimate.total_mb
-        if not self._fits(needed):
-            idle = sorted(
-                (m for m in self.models.values() if m.pool is not None and self._evictable(m)),
-                key=lambda m: m.idle_since,
-            )
-            for victim in idle:
-                if self._fits(needed):
-                    break
-                self._unload(victim, "evicted")
-        held = self._held_mb()
-        busy = [m.name for m in self.models.values() if m.pool is not None]
-        if self.max_models and len(busy) >= self.max_models:
-            raise ModelLoadError(
-                f"model {model.name!r} cannot load: {len(busy)} models are loaded (max_models="
-                f"{self.max_models}) and none is idle ({', '.join(busy)})"
-            )
-        if held + needed > self.budget_mb:
-            raise MemoryBudgetExceeded(
-                f"model {model.name!r} needs about {needed:.0f} MiB, but {held:.0f} MiB of the "
-                f"{self.budget_mb:.0f} MiB budget is held by models in use or pinned "
-                f"({', '.join(busy)})",
-                needed_mb=needed,
-                budget_mb=self.budget_mb,
-                held_mb=held,
-            )
+        victims = self._victims(model, needed)
+        for victim in victims:
+            self._unload(victim, "evicted")
+        for token in [t for t, (_, stopper) in self._stopping.items() if stopper.is_alive()]:
+            if self._held_mb() + needed <= self.budget_mb and self._has_room():
+                break
+            self._stopping[token][1].join(_STOP_WAIT_S)  # an idle engine stops at once
         try:
             # No Supervisor restarts: a crashed or unloadable engine gives up at once, its
             # requests fail with its reason, and the next request loads the model afresh.
@@ -292,25 +357,73 @@ class ManagerActor(pykka.ThreadingActor):
             model.last_error = repr(e)
             raise
         model.loads += 1
+        model.generation += 1
+        model.ready = False
         model.loaded_at = model.idle_since = time.monotonic()
         model.last_error = None
+        _watch_load(self.actor_ref, model, model.pool, model.generation)
         self._arm_sweep()
 
-    def _evictable(self, model: Model) -> bool:
-        return (
-            not model.pinned and model.leases == 0 and model.pool is not None and in_flight(model.pool) == 0
+    def _has_room(self) -> bool:
+        return not self.max_models or self._loaded() < self.max_models
+
+    def _victims(self, model: Model, needed: float) -> list[Model]:
+        """The idle models to unload, least recently used first, for ``needed`` MiB and a
+        place under ``max_models``; none if even all of them would not make it fit."""
+        held, loaded = self._held_mb(), self._loaded()
+        idle = sorted(
+            (m for m in self.models.values() if m.pool is not None and self._evictable(m)),
+            key=lambda m: m.idle_since,
         )
+        victims: list[Model] = []
+        for victim in idle:
+            if held + needed <= self.budget_mb and (not self.max_models or loaded < self.max_models):
+                break
+            victims.append(victim)
+            held -= victim.estimate.total_mb
+            loaded -= 1
+        busy = [m.name for m in self.models.values() if m.pool is not None and m not in victims]
+        if self.max_models and loaded >= self.max_models:
+            raise ModelLoadError(
+                f"model {model.name!r} cannot load: {loaded} models are loaded (max_models="
+                f"{self.max_models}) and none is idle ({', '.join(busy)})"
+            )
+        if held + needed > self.budget_mb:
+            raise MemoryBudgetExceeded(
+                f"model {model.name!r} needs about {needed:.0f} MiB, but {held:.0f} MiB of the "
+                f"{self.budget_mb:.0f} MiB budget is held by models in use, loading or pinned "
+                f"({', '.join(busy)})",
+                needed_mb=needed,
+                budget_mb=self.budget_mb,
+                held_mb=held,
+            )
+        return victims
+
+    def _evictable(self, model: Model) -> bool:
+        pool = model.pool
+        if pool is None or model.pinned or model.leases:
+            return False
+        if pool.gave_up() is not None:
+            return True  # a failed engine holds nothing worth keeping
+        return model.ready and in_flight(pool) == 0  # a loading engine would stop only once loaded
 
     def _unload(self, model: Model, reason: str) -> None:
+        """Take the model's engine away now and stop it in a thread of its own; its
+        memory counts until it has stopped (``_Stopped``)."""
         pool, model.pool = model.pool, None
+        model.ready = False
         if pool is None:
             return
-        if reason == "failed":
+        if reason == "failed" or pool.gave_up() is not None:
             model.last_error = pool.gave_up()
-        try:
-            pool.stop()  # blocks until every replica's engine freed its model
-        except Exception:
-            _log.exception("stopping model %r failed", model.name)
+        token = object()
+        ref = self.actor_ref
+        stopper = threading.Thread(
+            target=_stop, args=(pool, model.name, ref, token), name=f"llama-cpp-actors-unload-{model.name}"
+        )
+        stopper.daemon = True
+        self._stopping[token] = (model.estimate.total_mb, stopper)
+        stopper.start()
         if telemetry.model_unload.receivers:
             telemetry.emit(
                 telemetry.model_unload,
@@ -349,8 +462,13 @@ class ManagerActor(pykka.ThreadingActor):
         now = time.monotonic()
         for model in self.models.values():
             pool = model.pool
-            if pool is None or model.pinned or model.keep_alive_s is None:
+            if pool is None or model.pinned:
                 continue
+            if pool.gave_up() is not None and not model.leases:
+                self._unload(model, "failed")  # it counted against the budget for nothing
+                continue
+            if model.keep_alive_s is None or not model.ready:
+                continue  # keep_alive counts from the end of the load
             if model.leases or in_flight(pool):
                 model.idle_since = now
             elif now - model.idle_since >= model.keep_alive_s:
@@ -367,6 +485,7 @@ class ManagerActor(pykka.ThreadingActor):
             "models": {
                 m.name: {
                     "pool": m.pool,
+                    "ready": m.ready,
                     "loaded": m.pool is not None,
                     "estimate_mb": m.estimate.total_mb,
                     "pinned": m.pinned,
@@ -379,6 +498,45 @@ class ManagerActor(pykka.ThreadingActor):
                 for m in self.models.values()
             },
         }
+
+
+def _stop(pool: ServerPool, name: str, ref: pykka.ActorRef[Any], token: object) -> None:
+    """Stop a model's engine (its own thread), then tell the manager its memory is free."""
+    try:
+        pool.stop()
+    except Exception:
+        _log.exception("stopping model %r failed", name)
+    finally:
+        tell_quietly(ref, _Stopped(token))
+
+
+def _watch_load(ref: pykka.ActorRef[Any], model: Model, pool: ServerPool, generation: int) -> None:
+    """Tell the manager when the engine has loaded its model: it answers ``GetInfo``
+    only then (a thread of its own, which ends with the load)."""
+
+    def watch() -> None:
+        try:
+            pool.ask(GetInfo(), timeout=_LOAD_WAIT_S)
+        except Exception:
+            return  # it failed or was stopped: gave_up() says which
+        tell_quietly(ref, _Loaded(model, generation))
+
+    threading.Thread(target=watch, name=f"llama-cpp-actors-load-{model.name}", daemon=True).start()
+
+
+def times(estimate: MemoryEstimate, replicas: int) -> MemoryEstimate:
+    """The estimate of ``replicas`` engines of one model (each holds its own copy)."""
+    if replicas == 1:
+        return estimate
+    return dataclasses.replace(
+        estimate,
+        weights_mb=estimate.weights_mb * replicas,
+        kv_mb=estimate.kv_mb * replicas,
+        compute_mb=estimate.compute_mb * replicas,
+        overhead_mb=estimate.overhead_mb * replicas,
+        draft_mb=estimate.draft_mb * replicas,
+        ram_cache_mb=estimate.ram_cache_mb * replicas,
+    )
 
 
 def tell_quietly(ref: pykka.ActorRef[Any], message: object) -> None:
