@@ -343,7 +343,7 @@ def test_unload_unregister_and_stop(
 
 _RSS_CHILD = """
 import json, random, sys, threading
-from actors import ServerActor, generate, GetInfo, estimate_memory
+from actors import ServerActor, embed, generate, GetInfo, estimate_memory
 
 def rss_mb():
     with open("/proc/self/status") as status:
@@ -364,6 +364,7 @@ for thread in threads:
     thread.start()
 for thread in threads:
     thread.join()
+embed(ref, ["text " * 300], timeout=120)  # a pass of its largest size: 256 rows
 print(json.dumps({"measured": rss_mb() - before, "estimate": estimate_memory(**options).total_mb}))
 ref.stop()
 """
@@ -384,7 +385,8 @@ def test_the_memory_estimate_is_within_15_percent_of_the_measured_growth(
     options: dict[str, Any], tiny_model: str
 ) -> None:
     """The estimate against the RSS a loaded engine adds once every slot's context is
-    full, in a fresh process (docs/guides/models.md has the formula)."""
+    full and it has embedded texts, in a fresh process (docs/guides/models.md has the
+    formula)."""
     options = dict(options, n_threads=1)
     if options.pop("model", None) == "tiny":
         options["model_path"] = tiny_model

@@ -91,7 +91,7 @@ def test_bad_options_raise_before_anything_starts(model_path: str) -> None:
     with pytest.raises(ConfigError, match="n_parallel"):
         ServerPool.start(replicas=2, model_path=model_path, n_parallel=0)
     with pytest.raises(ConfigError, match="name"):
-        ServerPool.start(replicas=1, model_path=model_path, name="x")
+        ServerPool.start(replicas=1, model_path=model_path, name="")
     with pytest.raises(ConfigError, match="max_restarts"):
         ServerPool.start(replicas=1, backend="ray", model_path=model_path, max_restarts=-1)
 

@@ -15,14 +15,15 @@ has the table)::
               + without flash attention: cells x n_ubatch x (2 + heads x 6)
                                             the scores (f32) and their f16 copy
               + n_parallel x n_vocab x 4                        the logits buffer
+              + min(256, n_batch) x n_vocab x 6.4       an embedding pass's rows, logits included
     overhead  = 10 MiB + n_vocab x 320 B + cells x 300 B
                                 the vocabulary, graph contexts, our per-cell arrays
     total     = weights + kv + compute + overhead (+ the same for a draft model)
               + prompt_cache_ram_mb (the RAM cache's cap)
 
 llama.cpp reserves a larger compute buffer than an engine touches (its worst-case
-graph); the estimate counts what a context-filling workload makes resident, since that
-is what competes with the other models for the machine's memory.
+graph); the estimate counts what a context-filling workload and an embedding pass make
+resident, since that is what competes with the other models for the machine's memory.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ _TYPE_BYTES = {
     30: 2.0,
 }
 _CELL_PAD = 256
+_EMBED_PASS_ROWS = 256  # actors.engine._embedding.MAX_PASS_ROWS
 _OVERHEAD_FIXED = 10 * _MIB
 _OVERHEAD_PER_CELL = 300
 _OVERHEAD_PER_TOKEN = 320
@@ -112,6 +114,10 @@ def _parts(header: GgufHeader, options: StartOptions) -> tuple[float, float, flo
     compute = ubatch * (6 * n_embd + 3 * n_ff) * 4 + cells * ubatch * 2 + options.n_parallel * n_vocab * 4
     if options.flash_attn is False:  # None is llama.cpp's "auto": on, on a CPU
         compute += cells * ubatch * (2 + n_head * 6)
+    # An embedding pass (actors.engine._embedding) outputs every row it decodes, logits
+    # included: llama.cpp's output buffer and the pass's logits grow to that many rows
+    # at its first pass, for good (measured: 76 MiB for 256 rows at 49,152 tokens).
+    compute += min(_EMBED_PASS_ROWS, options.n_batch, options.n_ctx) * n_vocab * 4 * 1.6
     overhead = _OVERHEAD_FIXED + n_vocab * _OVERHEAD_PER_TOKEN + cells * _OVERHEAD_PER_CELL
     return header.file_bytes / _MIB, kv / _MIB, compute / _MIB, overhead / _MIB
 

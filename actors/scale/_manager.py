@@ -23,8 +23,6 @@ unloaded only when it has neither leases nor requests in flight.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -34,39 +32,33 @@ from typing import Any, Literal
 import pykka
 
 from actors.actor._estimate import estimate_options
-from actors.actor._options import StartOptions, check_options
-from actors.contract._checks import MAX_ID_LENGTH, _checked_text
-from actors.contract._embed import Embed
+from actors.actor._options import check_options
 from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest
 from actors.contract._messages import (
-    STREAMING,
     Cancel,
-    Chat,
     Drain,
-    Generate,
-    GenerateTokens,
     GetInfo,
     GetStats,
     GetTokenizer,
-    SamplingParams,
     _CancelExact,
-    _Submit,
 )
-from actors.scale._pool import ServerPool
-from actors.scale._registry import (
-    Acquire,
-    ManagerActor,
-    Model,
-    Register,
-    Release,
-    Snapshot,
-    Unload,
-    Unregister,
-    in_flight,
+from actors.scale._checks import (
+    checked_keep_alive,
+    checked_name,
+    checked_timeout,
+    known_name,
     listed,
     machine_memory_mb,
-    tell_quietly,
+    plain_options,
+    routed_id,
     times,
+)
+from actors.scale._models import Acquire, Model, Register, Release, Snapshot, Unload, Unregister
+from actors.scale._pool import ServerPool
+from actors.scale._registry import (
+    ManagerActor,
+    in_flight,
+    tell_quietly,
 )
 
 __all__ = ["ModelHandle", "ModelManager"]
@@ -75,26 +67,6 @@ _DEFAULT_KEEP_ALIVE_S = 300.0
 _STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
 _VERDICT_WAIT_S = 1.0  # how long a refused request waits to learn why its engine died
 _CONTROL = (Cancel, _CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
-_ROUTED = (Generate, GenerateTokens, Chat, *STREAMING, Embed, _Submit)
-_MAX_TIMEOUT_S = 1e6
-
-
-def _checked_name(name: object) -> str:
-    try:
-        checked = _checked_text("a model name", name, MAX_ID_LENGTH)
-    except InvalidRequest as e:
-        raise ConfigError(str(e)) from None
-    if not checked:
-        raise ConfigError("a model name must be a non-empty str")
-    return checked
-
-
-def _checked_keep_alive(value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
-        raise ConfigError(f"keep_alive_s must be a number of seconds >= 0, or None (never), got {value!r}")
-    return float(value)
 
 
 class ModelManager:
@@ -153,7 +125,7 @@ class ModelManager:
         else:
             budget = float(memory_budget_mb)
         if default is not None:
-            default = _checked_name(default)
+            default = checked_name(default)
         if isinstance(max_models, bool) or not isinstance(max_models, int) or not 0 <= max_models <= 1024:
             raise ConfigError(f"max_models must be an int from 0 (no limit) to 1024, got {max_models!r}")
         if not isinstance(autoload, bool):
@@ -201,7 +173,7 @@ class ModelManager:
                 cannot fit now.
         """
         self._check_running()
-        name = _checked_name(name)
+        name = checked_name(name)
         if not isinstance(pinned, bool):
             raise ConfigError(f"pinned must be a bool, got {pinned!r}")
         if load not in ("lazy", "eager"):
@@ -214,10 +186,10 @@ class ModelManager:
         estimate = estimate_options(checked)
         model = Model(
             name=name,
-            options=_plain_options(server_options, checked),
+            options=plain_options(server_options, checked),
             checked=checked,
             estimate=times(estimate, replicas),
-            keep_alive_s=_checked_keep_alive(keep_alive_s),
+            keep_alive_s=checked_keep_alive(keep_alive_s),
             pinned=pinned,
             replicas=replicas,
             capacity=replicas * (checked.n_parallel + checked.max_queue),
@@ -227,13 +199,13 @@ class ModelManager:
     def unregister(self, name: str) -> None:
         """Remove a model; its engine stops, requests in flight fail with ``EngineStopped``."""
         self._check_running()
-        self._call(Unregister(_known_name(name)))
+        self._call(Unregister(known_name(name)))
 
     def unload(self, name: str) -> None:
         """Unload a model now (it loads again at its next request); as :meth:`unregister`
         for its requests in flight."""
         self._check_running()
-        self._call(Unload(_known_name(name)))
+        self._call(Unload(known_name(name)))
 
     def load(self, name: str) -> None:
         """Load a model now (if it is not): its engine starts and loads in its own thread.
@@ -242,7 +214,7 @@ class ModelManager:
             InvalidRequest: unknown model. MemoryBudgetExceeded: it cannot fit now.
         """
         self._check_running()
-        leased, _ = self._lease(_known_name(name), load=True)
+        leased, _ = self._lease(known_name(name), load=True)
         tell_quietly(self._actor, Release(leased))
 
     def models(self) -> tuple[str, ...]:
@@ -308,7 +280,7 @@ class ModelManager:
         return leased
 
     def _ask(self, message: Any, name: str | None, block: bool, timeout: float | None) -> Any:
-        timeout = _checked_timeout(timeout)
+        timeout = checked_timeout(timeout)
         if isinstance(message, _CONTROL):
             answer = self._control(message, name, timeout)
             if block:
@@ -316,7 +288,7 @@ class ModelManager:
             future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
             future.set(answer)
             return future
-        request_id = _request_id(message)
+        request_id = routed_id(message)
         model, pool = self._lease(name, request_id=request_id)
         try:
             return pool.ask(message, block=block, timeout=timeout)
@@ -329,7 +301,7 @@ class ModelManager:
         if isinstance(message, _CONTROL):
             self._control(message, name, None)
             return
-        request_id = _request_id(message)
+        request_id = routed_id(message)
         model, pool = self._lease(name, request_id=request_id)
         try:
             pool.tell(message)
@@ -445,29 +417,6 @@ def _state(pool: ServerPool | None, ready: bool) -> str:
     return "ready" if pool.up() else "restarting"
 
 
-def _request_id(message: Any) -> str:
-    """The id of a request the manager routes; anything else is refused before a model
-    is leased (leasing may load one, and unload another)."""
-    if not isinstance(message, _ROUTED):
-        raise TypeError(f"a ModelManager does not handle {type(message).__name__}: {message!r}")
-    request = message.message if isinstance(message, _Submit) else message
-    return request.request_id
-
-
-def _checked_timeout(timeout: object) -> float | None:
-    if timeout is None:
-        return None
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not 0 <= timeout <= _MAX_TIMEOUT_S
-    ):
-        raise InvalidRequest(
-            f"timeout must be None or a number of seconds within [0, {_MAX_TIMEOUT_S:g}], got {timeout!r}"
-        )
-    return float(timeout)
-
-
 class ModelHandle:
     """One model of a :class:`ModelManager`: a request sent here without ``model`` goes
     to this model (one naming another model is refused). Methods run in callers' threads."""
@@ -499,35 +448,3 @@ class ModelHandle:
     def tell(self, message: Any) -> None:
         """As :meth:`ModelManager.tell`, for this model."""
         self.manager._tell(message, self._model(message))
-
-
-def _known_name(name: object) -> str:
-    """A name given to unload, unregister or load: never None (the default model)."""
-    if not isinstance(name, str) or not name:
-        raise InvalidRequest(f"name a model, got {name!r}")
-    return name
-
-
-def _plain_options(options: Mapping[str, Any], checked: StartOptions) -> dict[str, Any]:
-    """``options`` as the engine will be started with them, from the checked values:
-    never a caller's object that could answer differently at load (a path-like whose
-    ``__fspath__`` changes, a number subclass that raises). Paths become absolute, so a
-    change of the working directory does not change the model."""
-    plain: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in ("model_path", "draft_model_path"):
-            path = getattr(checked, key)
-            plain[key] = None if path is None else os.path.abspath(path)
-        elif key in _START_FIELDS:
-            plain[key] = getattr(checked, key)
-        elif key in _SAMPLING_FIELDS:
-            plain[key] = getattr(checked.defaults, key)
-        elif isinstance(value, bool | int | float | str):
-            plain[key] = next(base(value) for base in (bool, int, float, str) if isinstance(value, base))
-        else:
-            plain[key] = value
-    return plain
-
-
-_START_FIELDS = frozenset(f.name for f in dataclasses.fields(StartOptions)) - {"defaults"}
-_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))

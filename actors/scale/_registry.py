@@ -7,19 +7,15 @@ Everything here runs in the manager actor's thread, except ``machine_memory_mb``
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import os
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import pykka
 
 import telemetry
-from actors.actor._estimate import MemoryEstimate, estimate_options
-from actors.actor._options import StartOptions
+from actors.actor._estimate import estimate_options
 from actors.contract._errors import (
     ConfigError,
     EngineError,
@@ -29,23 +25,22 @@ from actors.contract._errors import (
     QueueFull,
 )
 from actors.contract._messages import GetInfo
+from actors.scale._checks import listed, times
+from actors.scale._models import (
+    Acquire,
+    Loaded,
+    Model,
+    Register,
+    Release,
+    Snapshot,
+    Stopped,
+    Sweep,
+    Unload,
+    Unregister,
+)
 from actors.scale._pool import ServerPool
 
-__all__ = [
-    "Acquire",
-    "ManagerActor",
-    "Model",
-    "Register",
-    "Release",
-    "Snapshot",
-    "Unload",
-    "Unregister",
-    "in_flight",
-    "listed",
-    "machine_memory_mb",
-    "tell_quietly",
-    "times",
-]
+__all__ = ["ManagerActor", "in_flight", "tell_quietly"]
 
 _log = logging.getLogger("llama_cpp_actors.manager")
 
@@ -54,103 +49,6 @@ _MIB = 1 << 20
 _SWEEP_MIN_S, _SWEEP_MAX_S = 0.05, 5.0
 _STOP_WAIT_S = 30.0  # how long a load waits for the idle engines it unloaded to stop
 _LOAD_WAIT_S = 3600.0  # how long a load may take before the manager stops watching it
-
-
-def machine_memory_mb() -> float:
-    """The memory this process may use, in MiB (any thread): the machine's, or its
-    cgroup's limit when lower (a container); 0 when the OS says neither."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _MIB
-    except (ValueError, OSError, AttributeError):
-        physical = 0.0
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as file:
-                text = file.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():  # "max" (v2) means no limit; v1 says a huge number
-            limit = int(text) / _MIB
-            if 0 < limit < (physical or float("inf")):
-                return limit
-    return physical
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class Model:
-    """One registered model (manager thread only, but ``pool`` is read by callers).
-
-    A model is *loaded* while it has a ``pool`` (its engine may still be loading the
-    file: ``ready`` turns True once the engine answered), and is counted against the
-    budget from the load's start until its engine has stopped.
-    """
-
-    name: str
-    options: dict[str, Any]  # the checked options ServerPool.start takes (no caller objects)
-    checked: StartOptions
-    estimate: MemoryEstimate
-    keep_alive_s: float | None
-    pinned: bool
-    replicas: int
-    capacity: int  # requests it takes at once: its slots and queues (every replica's)
-    pool: ServerPool | None = None
-    ready: bool = False
-    generation: int = 0  # one per load: a late Loaded for an earlier engine is ignored
-    leases: int = 0
-    idle_since: float = 0.0  # monotonic: when it was last seen with nothing to do
-    loaded_at: float = 0.0
-    loads: int = 0
-    last_error: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Register:
-    model: Model
-    eager: bool
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Unregister:
-    name: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Acquire:
-    name: str | None
-    load: bool = False  # load it even without autoload (an explicit load)
-    request_id: str | None = None  # refused while another model runs the same id
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Release:
-    model: Model  # the lease's own model: a later one of the same name is another
-    request_id: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Unload:
-    name: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Snapshot:
-    pass
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Sweep:
-    pass
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Loaded:
-    model: Model
-    generation: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Stopped:
-    token: object
 
 
 def in_flight(pool: ServerPool) -> int:
@@ -206,12 +104,12 @@ class ManagerActor(pykka.ThreadingActor):
             if message.request_id is not None and self._leased_ids.get(message.request_id) is message.model:
                 del self._leased_ids[message.request_id]
             return None
-        if isinstance(message, _Loaded):
+        if isinstance(message, Loaded):
             if message.model.generation == message.generation and message.model.pool is not None:
                 message.model.ready = True
                 message.model.idle_since = time.monotonic()  # keep_alive counts from here
             return None
-        if isinstance(message, _Stopped):
+        if isinstance(message, Stopped):
             self._stopping.pop(message.token, None)
             return None
         if isinstance(message, Register):
@@ -230,7 +128,7 @@ class ManagerActor(pykka.ThreadingActor):
             return None
         if isinstance(message, Snapshot):
             return self._snapshot()
-        if isinstance(message, _Sweep):
+        if isinstance(message, Sweep):
             self._timer = None
             self._sweep()
             return None
@@ -453,7 +351,7 @@ class ManagerActor(pykka.ThreadingActor):
                 return
             self._timer.cancel()  # a model with a shorter keep_alive came: look sooner
         ref = self.actor_ref
-        timer = threading.Timer(period, lambda: tell_quietly(ref, _Sweep()))
+        timer = threading.Timer(period, lambda: tell_quietly(ref, Sweep()))
         timer.daemon = True
         self._timer, self._due = timer, due
         timer.start()
@@ -507,7 +405,7 @@ def _stop(pool: ServerPool, name: str, ref: pykka.ActorRef[Any], token: object) 
     except Exception:
         _log.exception("stopping model %r failed", name)
     finally:
-        tell_quietly(ref, _Stopped(token))
+        tell_quietly(ref, Stopped(token))
 
 
 def _watch_load(ref: pykka.ActorRef[Any], model: Model, pool: ServerPool, generation: int) -> None:
@@ -519,30 +417,11 @@ def _watch_load(ref: pykka.ActorRef[Any], model: Model, pool: ServerPool, genera
             pool.ask(GetInfo(), timeout=_LOAD_WAIT_S)
         except Exception:
             return  # it failed or was stopped: gave_up() says which
-        tell_quietly(ref, _Loaded(model, generation))
+        tell_quietly(ref, Loaded(model, generation))
 
     threading.Thread(target=watch, name=f"llama-cpp-actors-load-{model.name}", daemon=True).start()
-
-
-def times(estimate: MemoryEstimate, replicas: int) -> MemoryEstimate:
-    """The estimate of ``replicas`` engines of one model (each holds its own copy)."""
-    if replicas == 1:
-        return estimate
-    return dataclasses.replace(
-        estimate,
-        weights_mb=estimate.weights_mb * replicas,
-        kv_mb=estimate.kv_mb * replicas,
-        compute_mb=estimate.compute_mb * replicas,
-        overhead_mb=estimate.overhead_mb * replicas,
-        draft_mb=estimate.draft_mb * replicas,
-        ram_cache_mb=estimate.ram_cache_mb * replicas,
-    )
 
 
 def tell_quietly(ref: pykka.ActorRef[Any], message: object) -> None:
     with contextlib.suppress(pykka.ActorDeadError):
         ref.tell(message)
-
-
-def listed(models: Iterable[str]) -> str:
-    return ", ".join(repr(name) for name in models) or "no model"

@@ -1,0 +1,102 @@
+"""A ``ModelManager``'s registered models and the messages its actor takes (frozen
+dataclasses, made in callers' threads and read in the manager's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from actors.actor._estimate import MemoryEstimate
+from actors.actor._options import StartOptions
+from actors.scale._pool import ServerPool
+
+__all__ = [
+    "Acquire",
+    "Loaded",
+    "Model",
+    "Register",
+    "Release",
+    "Snapshot",
+    "Stopped",
+    "Sweep",
+    "Unload",
+    "Unregister",
+]
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Model:
+    """One registered model (manager thread only, but ``pool`` is read by callers).
+
+    A model is *loaded* while it has a ``pool`` (its engine may still be loading the
+    file: ``ready`` turns True once the engine answered), and is counted against the
+    budget from the load's start until its engine has stopped.
+    """
+
+    name: str
+    options: dict[str, Any]  # the checked options ServerPool.start takes (no caller objects)
+    checked: StartOptions
+    estimate: MemoryEstimate
+    keep_alive_s: float | None
+    pinned: bool
+    replicas: int
+    capacity: int  # requests it takes at once: its slots and queues (every replica's)
+    pool: ServerPool | None = None
+    ready: bool = False
+    generation: int = 0  # one per load: a late Loaded for an earlier engine is ignored
+    leases: int = 0
+    idle_since: float = 0.0  # monotonic: when it was last seen with nothing to do
+    loaded_at: float = 0.0
+    loads: int = 0
+    last_error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Register:
+    model: Model
+    eager: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unregister:
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Acquire:
+    name: str | None
+    load: bool = False  # load it even without autoload (an explicit load)
+    request_id: str | None = None  # refused while another model runs the same id
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Release:
+    model: Model  # the lease's own model: a later one of the same name is another
+    request_id: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unload:
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sweep:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Loaded:
+    model: Model
+    generation: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stopped:
+    token: object
