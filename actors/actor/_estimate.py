@@ -117,7 +117,7 @@ def _parts(header: GgufHeader, options: StartOptions) -> tuple[float, float, flo
     # An embedding pass (actors.engine._embedding) outputs every row it decodes, logits
     # included: llama.cpp's output buffer and the pass's logits grow to that many rows
     # at its first pass, for good (measured: 76 MiB for 256 rows at 49,152 tokens).
-    compute += min(_EMBED_PASS_ROWS, options.n_batch, options.n_ctx) * n_vocab * 4 * 1.6
+    compute += min(_EMBED_PASS_ROWS, options.n_batch, options.n_ctx) * n_vocab * 32 // 5  # x 4 B x 1.6
     overhead = _OVERHEAD_FIXED + n_vocab * _OVERHEAD_PER_TOKEN + cells * _OVERHEAD_PER_CELL
     return header.file_bytes / _MIB, kv / _MIB, compute / _MIB, overhead / _MIB
 

@@ -19,22 +19,15 @@ import numpy.typing as npt
 import pykka
 
 from actors.client._aio import _LIVENESS_POLL_S, _target
-from actors.client._helpers import _deadline, _remaining, _wait_for
-from actors.client._helpers import _target as _blocking_target
+from actors.client._helpers import _complete, _tell_cancel
 from actors.contract._embed import Embed, Embeddings, Pooling
 from actors.contract._errors import EngineStopped, RequestTimeout
-from actors.contract._messages import _CancelExact, _Submit
+from actors.contract._messages import _Submit
 
 if TYPE_CHECKING:
     import asyncio
 
 __all__ = ["aembed", "embed"]
-
-
-def _cancel(ref: Any, message: Embed) -> None:
-    """Cancel the request admitted from ``message``, and no other with its id (any thread)."""
-    with contextlib.suppress(pykka.ActorDeadError, EngineStopped):
-        ref.tell(_CancelExact(message.request_id, message))
 
 
 def embed(
@@ -68,22 +61,7 @@ def embed(
 
 def embed_result(ref: Any, message: Embed, timeout: float | None = None) -> Embeddings:
     """Send ``message`` and wait for its whole ``Embeddings`` (token counts too)."""
-    deadline = _deadline(timeout)
-    target = _blocking_target(ref, deadline)
-    timed_out = f"no embeddings within {timeout} s; request cancelled"
-    try:
-        admitted = target.ask(message, block=False, timeout=_remaining(deadline))
-        future = _wait_for(
-            target, lambda wait: admitted.get(timeout=wait), pykka.Timeout, deadline, timed_out
-        )
-        result: Embeddings = _wait_for(
-            target, lambda wait: future.get(timeout=wait), pykka.Timeout, deadline, timed_out
-        )
-    except RequestTimeout:
-        _cancel(target, message)
-        raise
-    except pykka.ActorDeadError as e:
-        raise EngineStopped(f"the engine is not running: {e}") from None
+    result: Embeddings = _complete(ref, message, timeout, "embeddings")
     return result
 
 
@@ -159,6 +137,6 @@ async def aembed_result(ref: Any, message: Embed, timeout: float | None = None) 
     finally:
         if not finished:  # cancelled, timed out, or the engine went away
             if admitting.done():
-                _cancel(target, message)
+                _tell_cancel(target, message)
             else:  # the ask may still land: cancel whatever it admits
-                admitting.add_done_callback(lambda _: _cancel(target, message))
+                admitting.add_done_callback(lambda _: _tell_cancel(target, message))

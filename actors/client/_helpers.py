@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol, TypeVar, overload, runtime_checkable
 
 import pykka
 
+from actors.contract._embed import Embed
 from actors.contract._errors import EngineStopped, InvalidRequest, RequestTimeout
 from actors.contract._messages import (
     Chat,
@@ -68,7 +69,7 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
-def _tell_cancel(ref: Any, message: RequestMessage) -> None:
+def _tell_cancel(ref: Any, message: RequestMessage | Embed) -> None:
     """Cancel the request admitted from ``message``, and no other with its id (any thread)."""
     # A dead engine or a stopped pool has nothing to cancel.
     with contextlib.suppress(pykka.ActorDeadError, EngineStopped):
@@ -130,7 +131,8 @@ def generate(
         if isinstance(prompt, str)
         else GenerateTokens(prompt, n=n, **options)
     )
-    return _complete(ref, message, timeout)
+    completion: Completion | tuple[Completion, ...] = _complete(ref, message, timeout)
+    return completion
 
 
 @overload
@@ -159,13 +161,18 @@ def chat(
     ``messages`` are ``{"role": "system" | "user" | "assistant", "content": str}``
     dicts; everything else (``n`` too) is as :func:`generate`.
     """
-    return _complete(ref, Chat(messages, n=n, **options), timeout)
+    completion: Completion | tuple[Completion, ...] = _complete(ref, Chat(messages, n=n, **options), timeout)
+    return completion
 
 
-def _complete(ref: Any, message: SubmitMessage, timeout: float | None) -> Completion | tuple[Completion, ...]:
+def _complete(
+    ref: Any, message: SubmitMessage | Embed, timeout: float | None, what: str = "completion"
+) -> Any:
+    """Admit ``message`` and wait for its outcome (a Completion, its tuple, or an
+    Embed's Embeddings), watching the actor; cancel it when ``timeout`` passes."""
     deadline = _deadline(timeout)
     target = _target(ref, deadline)
-    timed_out = f"no completion within {timeout} s; request cancelled"
+    timed_out = f"no {what} within {timeout} s; request cancelled"
     try:
         # Not a blocking ask: an engine busy in a long tick (or stuck) answers the
         # admission only after it, and the caller's timeout counts that wait too.
@@ -173,15 +180,13 @@ def _complete(ref: Any, message: SubmitMessage, timeout: float | None) -> Comple
         future = _wait_for(
             target, lambda wait: admitted.get(timeout=wait), pykka.Timeout, deadline, timed_out
         )  # fmt: skip
-        completion: Completion | tuple[Completion, ...] = _wait_for(
-            target, lambda wait: future.get(timeout=wait), pykka.Timeout, deadline, timed_out
-        )  # fmt: skip
+        outcome = _wait_for(target, lambda wait: future.get(timeout=wait), pykka.Timeout, deadline, timed_out)
     except RequestTimeout:
         _tell_cancel(target, message)  # it may have been admitted meanwhile
         raise
     except pykka.ActorDeadError as e:
         raise EngineStopped(f"the engine is not running: {e}") from None
-    return completion
+    return outcome
 
 
 def _wait_for(
