@@ -56,3 +56,23 @@ def test_a_hostile_header_is_refused_at_once(tmp_path: Path, data: bytes, match:
     with pytest.raises(ValueError, match=match):
         read_gguf_header(path)
     assert time.monotonic() - started < 1.0
+
+
+def test_the_estimate_refuses_a_header_that_makes_no_model(tmp_path: Path) -> None:
+    from actors import ModelLoadError, estimate_memory
+
+    def scalar(key: str, kind: int, fmt: str, value: object) -> bytes:
+        return _string(key) + struct.pack("<I", kind) + struct.pack(fmt, value)
+
+    arch = _string("general.architecture") + struct.pack("<I", 8) + _string("llama")
+    for layers in (-1000, 0):
+        path = tmp_path / f"odd{layers}.gguf"
+        path.write_bytes(
+            _header(
+                arch,
+                scalar("llama.block_count", 5, "<i", layers),
+                scalar("llama.embedding_length", 4, "<I", 64),
+            )
+        )
+        with pytest.raises(ModelLoadError, match="implausible sizes"):
+            estimate_memory(path, n_ctx=512, n_parallel=1)

@@ -106,6 +106,15 @@ def _parts(header: GgufHeader, options: StartOptions) -> tuple[float, float, flo
     head_k = header.arch_int("attention.key_length", n_embd // n_head)
     head_v = header.arch_int("attention.value_length", n_embd // n_head)
     n_vocab = header.arch_int("vocab_size", 0) or int(header.values.get("tokenizer.ggml.tokens#len", 0))
+    shape = {"embedding_length": n_embd, "block_count": n_layer, "vocabulary": n_vocab}
+    odd = {key: value for key, value in shape.items() if not 0 < value < 1 << 24}
+    sizes = (n_head_kv, n_ff, head_k, head_v)
+    if odd or not all(0 <= size < 1 << 24 for size in sizes):
+        # A header that makes no model (missing or negative sizes) would estimate nothing
+        # or less than nothing, and make room in the budget for others.
+        raise ModelLoadError(
+            f"cannot estimate {header.path!r}: implausible sizes in its header {odd or sizes}"
+        )
     cells = math.ceil(options.n_ctx / _CELL_PAD) * _CELL_PAD
     size_k = _TYPE_BYTES.get(1 if options.type_k is None else options.type_k, 2.0)
     size_v = _TYPE_BYTES.get(1 if options.type_v is None else options.type_v, 2.0)
