@@ -15,7 +15,7 @@ PERSON = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "pets": {"type": "array", "items": {"type": "string", "enum": ["cat", "dog", "fish"]}, "maxItems": 3},
     },
     "required": ["name", "age", "pets"],
@@ -48,7 +48,11 @@ def main() -> None:
 
         # Structured output: every completion parses and follows the schema.
         person = chat(
-            ref, [{"role": "user", "content": "Invent a person."}], max_tokens=120, json_schema=PERSON
+            # Bounded fields (a sampled integer could run on for 120 tokens) and room to end.
+            ref,
+            [{"role": "user", "content": "Invent a person."}],
+            max_tokens=200,
+            json_schema=PERSON,
         )
         print("json:", json.loads(person.text))
 

@@ -24,7 +24,7 @@ from helpers import wait_until
 from test_http import Running, _ready, _serve
 from tiny_gguf import write_tiny_model
 
-from actors import GetStats, ServerActor, default_model_path
+from actors import GetStats, ServerActor, default_model_path, estimate_memory
 from actors.http import HttpSettings
 from actors.http._cli import CliError, parse
 
@@ -322,21 +322,23 @@ def test_a_queued_client_that_leaves_takes_no_models_place(tmp_path: Path, tiny_
 
 
 def test_a_model_that_cannot_fit_is_a_503_naming_the_numbers(tmp_path: Path, tiny_model: str) -> None:
-    # The default model (about 147 MiB with its context) is pinned: the tiny one (about
-    # 35 MiB) cannot fit beside it in 160 MiB, and nothing may make way.
+    # The default model is pinned: the tiny one cannot fit beside it in a budget of the
+    # first and half the second, and nothing may make way.
     preset = tmp_path / "m.ini"
     smol = default_model_path()
+    small = {"n_ctx": 512, "n_parallel": 1}
+    budget = int(estimate_memory(smol, **small).total_mb + estimate_memory(tiny_model, **small).total_mb / 2)
     preset.write_text(
         f"[*]\nc = 512\nnp = 1\ncache-ram = 0\n[smol]\nmodel = {smol}\npin = true\nload-on-startup = true\n"
         f"[tiny]\nmodel = {tiny_model}\n"
     )
-    server = _router("--models-preset", str(preset), "--models-memory-mb", "160")
+    server = _router("--models-preset", str(preset), "--models-memory-mb", str(budget))
     try:
         body = {"model": "tiny", "prompt": "Hi", "max_tokens": 2}
         refused = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
         status, message = _error(refused)
-        assert status == 503 and "needs about" in message and "160 MiB" in message
-        assert refused.json()["error"]["budget_mb"] == 160 and refused.headers["retry-after"]
+        assert status == 503 and "needs about" in message and f"{budget} MiB" in message
+        assert refused.json()["error"]["budget_mb"] == budget and refused.headers["retry-after"]
         loading = httpx.post(server.url + "/models/load", json={"model": "tiny"}, timeout=60)
         assert _error(loading)[0] == 503
         assert _status(server) == {"smol": "loaded", "tiny": "unloaded"}

@@ -238,7 +238,7 @@ def test_a_model_that_fails_to_load_fails_only_its_own_requests(
         {"broken": {"model_path": str(broken), "n_ctx": 512, "n_parallel": 1}, "good": SMALL},
         memory_budget_mb=4 * ONE_MB,
     )
-    with pytest.raises(EngineStopped, match="could not load its model"):
+    with pytest.raises(EngineStopped, match="could not load"):  # llama.cpp's reason, as it came
         generate(manager, "Hi", max_tokens=2, model="broken", timeout=60)
     assert generate(manager, "Hi", max_tokens=2, model="good", timeout=60).generated_tokens == 2
     # Failed, until the keep_alive sweep frees it (its estimate counted for nothing).
@@ -273,7 +273,7 @@ def test_the_tiny_model_and_async_helpers(managers: Callable[..., ModelManager],
     tiny, smol = asyncio.run(both())
     assert tiny.generated_tokens == smol.generated_tokens == 4
     stats = manager.ask(GetStats())["models"]
-    assert stats["tiny"]["estimate_mb"] < stats["smol"]["estimate_mb"] / 2
+    assert stats["tiny"]["estimate_mb"] < stats["smol"]["estimate_mb"] - 50  # 8 MB of weights, not 92
 
 
 def test_register_checks_every_option(managers: Callable[..., ModelManager]) -> None:

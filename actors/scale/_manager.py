@@ -26,7 +26,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import pykka
@@ -351,19 +350,23 @@ class ModelManager:
             if info["pool"] is not None and info["pool"].gave_up() is None
         }
         deadline = time.monotonic() + wait
-        # A pool answers GetStats in the asking thread: one thread per engine, one deadline.
-        executor = ThreadPoolExecutor(
-            max_workers=max(len(pools), 1), thread_name_prefix="llama-cpp-actors-stats"
-        )
-        asked = {name: executor.submit(pool.ask, GetStats(), timeout=wait) for name, pool in pools.items()}
-        executor.shutdown(wait=False)  # a late answer ends its thread by the ask's own timeout
+        # A pool answers GetStats in the asking thread: a thread per engine, one deadline.
+        # (Plain threads: an example script's own concurrent.py would shadow the package.)
         answers: dict[str, Any] = {}
-        for name, future in asked.items():
+
+        def ask(name: str, pool: ServerPool) -> None:
             with contextlib.suppress(Exception):  # a busy or loading engine: no stats this time
-                answers[name] = future.result(timeout=max(deadline - time.monotonic(), 0.0))
+                answers[name] = pool.ask(GetStats(), timeout=wait)
+
+        threads = [threading.Thread(target=ask, args=item, daemon=True) for item in pools.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        got = dict(answers)  # a late answer lands in answers, not in what is read
         for name, info in snapshot["models"].items():
             pool = info.pop("pool")
-            engine = answers.get(name)
+            engine = got.get(name)
             info["engine"] = engine
             # An engine that answered has loaded (the manager may not know it yet).
             info["state"] = _state(pool, info["ready"] or engine is not None)
