@@ -376,10 +376,9 @@ ref.stop()
     [
         {"n_ctx": 1024, "n_parallel": 2},
         {"n_ctx": 1024, "n_parallel": 2, "flash_attn": False},
-        {"n_ctx": 1024, "n_parallel": 2, "type_k": 8, "type_v": 8, "flash_attn": True},
         {"model": "tiny", "n_ctx": 4096, "n_parallel": 2},
     ],
-    ids=["default", "no-flash-attn", "q8-cache", "tiny"],
+    ids=["default", "no-flash-attn", "tiny"],
 )
 def test_the_memory_estimate_is_within_15_percent_of_the_measured_growth(
     options: dict[str, Any], tiny_model: str
