@@ -300,7 +300,15 @@ def test_register_checks_every_option(managers: Callable[..., ModelManager]) -> 
             manager.register(*args, **kwargs)
     with pytest.raises(MemoryBudgetExceeded, match="more than the whole memory budget"):
         manager.register("huge", n_ctx=32768, n_parallel=1)
-    assert manager.models() == ("a",)
+    # Telemetry labels a model's replicas name-0, name-1, ...: no two models may share one.
+    manager.register("b", replicas=2, **SMALL)
+    manager.register("c-0", **SMALL)
+    for name, replicas in (("b-1", 1), ("b-0", 1), ("c", 2)):
+        with pytest.raises(ConfigError, match="would both label telemetry"):
+            manager.register(name, replicas=replicas, **SMALL)
+    manager.register("a-1", **SMALL)  # "a" has one replica, labelled "a"
+    manager.register("c", **SMALL)  # one replica: "c"
+    assert manager.models() == ("a", "b", "c-0", "a-1", "c")
     for budget in (0, -1, float("nan"), float("inf"), True, "1"):
         with pytest.raises(ConfigError, match="memory_budget_mb"):
             ModelManager.start(memory_budget_mb=budget)

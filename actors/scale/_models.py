@@ -51,6 +51,13 @@ class Model:
     loads: int = 0
     last_error: str | None = None
 
+    def labels(self) -> set[str]:
+        """What telemetry calls its replicas (``metadata["replica"]``, the Prometheus
+        label): its name, or ``name-0`` to ``name-(n-1)`` for n replicas."""
+        if self.replicas == 1:
+            return {self.name}
+        return {f"{self.name}-{i}" for i in range(self.replicas)}
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Register:

@@ -167,6 +167,12 @@ class ManagerActor(pykka.ThreadingActor):
     def _register(self, model: Model, eager: bool) -> None:
         if model.name in self.models:
             raise ConfigError(f"a model named {model.name!r} is registered already")
+        for other in self.models.values():
+            if shared := sorted(model.labels() & other.labels()):
+                raise ConfigError(
+                    f"models {model.name!r} and {other.name!r} would both label telemetry "
+                    f"{shared[0]!r} (a model's n replicas are name-0 to name-(n-1)): rename one"
+                )
         if model.estimate.total_mb > self.budget_mb:
             raise MemoryBudgetExceeded(
                 f"model {model.name!r} needs about {model.estimate.total_mb:.0f} MiB, more than the "
