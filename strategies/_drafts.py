@@ -2,14 +2,17 @@
 
 A pure function of the slot views, the plan, the budget and the measured cost of a
 forward pass. Verifying draft tokens lengthens the one forward pass every slot of the
-tick waits for; a draft token is worth it when the tokens it is expected to add raise
-the tick's tokens per millisecond. With a per-token acceptance ``a`` the ``i``-th
-draft token of a slot adds a token with probability ``a ** i`` (all before it right
-too). Adding one such token to a tick whose decode rows are expected to give ``E``
-tokens in ``C`` ms pays when ``a ** i / per_token_ms > E / C``, by a 15% margin; the
-rule adds the best one, updates ``E`` and ``C`` and asks again, so drafts stop by
-themselves where acceptance is low or the batch is already large (at concurrency 8 on
-a CPU a draft token needs about a 0.9 chance of being right; alone, about 0.6).
+tick waits for; drafts are worth it when the tokens they are expected to add raise the
+tick's tokens per millisecond. With a per-token acceptance ``a`` the ``i``-th draft
+token of a slot adds a token with probability ``a ** i`` (all before it right too).
+The rule ranks every candidate draft token by that gain, and for each count ``m`` of
+the best ones prices the batch ``m`` rows larger by the measured cost of a pass
+(``DecodeCost.batch_ms``, not a line: a pass's first extra rows cost more than later
+ones on a CPU, so one draft token may lose where three would win), the time the rows
+add priced 15% over the measure; it verifies the count that gives the most tokens per
+millisecond, if that beats the tick without drafts. So drafts stop by themselves where
+acceptance is low or the batch is already large (at concurrency 8 on a CPU a draft
+token needs about a 0.9 chance of being right; alone, the first few need about 0.85).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from strategies._base import BatchPlan, DecodeCost, SlotPlan, SlotView
 __all__ = ["add_drafts"]
 
 _MAX_ACCEPTANCE = 0.999  # a rate of 1.0 would make every draft token look free
-# A draft token must beat the tick's rate by this much: the line does not see what a
-# draft row costs besides its compute (sampling it, a batch of a new shape), and at a
-# full batch a draft that only breaks even lost 5% in bench/speculative.py.
+# Draft rows are priced this much over what they add to the pass: the pass's time does
+# not see what a draft row costs besides its compute (verifying it, a batch of a new
+# shape), and at a full batch a draft that only broke even lost 5% in bench/speculative.py.
 _MARGIN = 1.15
+_NEGLIGIBLE = 0.01  # a candidate this unlikely to add a token ends the search
 
 
 def add_drafts(slots: Sequence[SlotView], plan: BatchPlan, budget: int, cost: DecodeCost) -> BatchPlan:
@@ -38,8 +42,10 @@ def add_drafts(slots: Sequence[SlotView], plan: BatchPlan, budget: int, cost: De
     # The tick's decode rows: one token each, expected, at ``cost``'s price (measured on
     # decode rows). Prompt chunks are left out of both sides: their tokens are cheaper
     # per token and yield none, so leaving them out errs toward fewer drafts.
-    expected = float(plan.num_decode_tokens + plan.num_draft_tokens)
-    cost_ms = cost.batch_ms(plan.num_decode_tokens + plan.num_draft_tokens)
+    rows = plan.num_decode_tokens + plan.num_draft_tokens
+    expected = float(rows)
+    base_ms = cost.batch_ms(rows)
+    best, best_rate = 0, expected / base_ms if rows else 0.0
     heap: list[tuple[float, int, int, float]] = []  # (-gain, entry index, i, acceptance)
     for index, entry in enumerate(entries):
         view = views.get(entry.seq_id)
@@ -49,21 +55,23 @@ def add_drafts(slots: Sequence[SlotView], plan: BatchPlan, budget: int, cost: De
         i = entry.draft_tokens + 1
         if a > 0.0:
             heapq.heappush(heap, (-(a**i), index, i, a))
-    extra = [0] * len(entries)
-    while heap and budget > 0:
+    picks: list[int] = []  # entry index of each candidate, best first
+    while heap and len(picks) < budget:
         neg_gain, index, i, a = heapq.heappop(heap)
-        gain = -neg_gain
-        if gain * cost_ms <= _MARGIN * expected * cost.per_token_ms:
-            break  # the best one left does not pay: none after it does either
-        extra[index] += 1
-        budget -= 1
-        expected += gain
-        cost_ms += cost.per_token_ms
-        view = views[entries[index].seq_id]
-        if i < view.draft_tokens:
+        if -neg_gain < _NEGLIGIBLE:
+            break  # what is left adds next to nothing, and every row costs
+        picks.append(index)
+        expected -= neg_gain
+        rate = expected / (base_ms + _MARGIN * (cost.batch_ms(rows + len(picks)) - base_ms))
+        if rate > best_rate:
+            best, best_rate = len(picks), rate
+        if i < views[entries[index].seq_id].draft_tokens:
             heapq.heappush(heap, (-(a ** (i + 1)), index, i + 1, a))
-    if not any(extra):
+    if not best:
         return plan
+    extra = [0] * len(entries)
+    for index in picks[:best]:
+        extra[index] += 1
     return BatchPlan(
         tuple(
             SlotPlan(e.seq_id, e.decode, e.prefill_tokens, e.draft_tokens + n) if n else e

@@ -7,6 +7,7 @@ leaves a cell behind.
 
 from __future__ import annotations
 
+import itertools
 import math
 import queue
 import random
@@ -87,6 +88,26 @@ def test_drafts_are_planned_where_they_pay_and_nowhere_else() -> None:
     assert add_drafts([view(0, 16, 0.99)], prefill, 100, cost).num_draft_tokens == 0
 
 
+# Passes of 1 to 9 rows as timed on a 2-core AMD EPYC: the second row adds 80% of a
+# one-row pass (which takes llama.cpp's matrix-vector path), later ones about 55%.
+EPYC = DecodeCost(3.0, 5.2, measured_ms=(8.9, 16.1, 21.1, 25.0, 31.4, 37.2, 40.2, 42.0, 48.9))
+
+
+def test_drafts_are_priced_by_the_measured_passes() -> None:
+    # An open-ended story's acceptance of 0.8 pays for no count of draft tokens here...
+    assert add_drafts([view(0, 16, 0.8)], decodes(0), 100, EPYC).num_draft_tokens == 0
+    # ...though the line the engine assumed before it timed any pass (fixed == per
+    # token, through the one-row pass) buys some, and was 5% slower on open stories.
+    guess = DecodeCost(EPYC.measured_ms[0] / 2, EPYC.measured_ms[0] / 2)
+    assert add_drafts([view(0, 16, 0.8)], decodes(0), 100, guess).num_draft_tokens > 0
+    # At 0.9 one draft token loses (1.9 tokens for 1.81 passes) but three win (3.4 for
+    # 2.8): the count is chosen as a whole, not a token at a time.
+    assert 3 <= add_drafts([view(0, 16, 0.9)], decodes(0), 100, EPYC).num_draft_tokens <= 9
+    # Past the measured sizes a row costs per_token_ms.
+    assert EPYC.batch_ms(9) == 48.9 and EPYC.batch_ms(11) == pytest.approx(48.9 + 2 * 5.2)
+    assert EPYC.batch_ms(0) == 0.0
+
+
 def test_better_drafts_get_the_budget_first() -> None:
     cost = DecodeCost(5.0, 10.0)
     plan = add_drafts([view(0, 16, 0.6), view(1, 16, 0.97)], decodes(0, 1), 100, cost)
@@ -98,6 +119,9 @@ def test_decode_cost_refuses_nonsense() -> None:
     for fixed, per in ((-1.0, 1.0), (1.0, 0.0), (math.nan, 1.0), (1.0, math.inf)):
         with pytest.raises(ValueError):
             DecodeCost(fixed, per)
+    for measured in ((2.0, 1.0), (0.0,), (1.0, math.nan), (1.0, math.inf), [1.0, 2.0], ("1",)):
+        with pytest.raises(ValueError, match="measured_ms"):
+            DecodeCost(1.0, 1.0, measured_ms=measured)  # type: ignore[arg-type]
 
 
 def test_check_plan_refuses_drafts_a_slot_cannot_verify() -> None:
@@ -128,6 +152,40 @@ def test_cost_model_fits_a_line_and_assumes_one_until_it_can() -> None:
     fitted = model.cost()
     assert fitted.per_token_ms == pytest.approx(10.0, rel=0.15)
     assert fitted.fixed_ms == pytest.approx(9.0, abs=3.0)
+
+
+def test_cost_model_keeps_each_sizes_time() -> None:
+    model = CostModel()
+    model.calibrate({2: 16.0, 4: 24.0, 8: 40.0, 0: 5.0, 999: 1.0})  # sizes out of range: ignored
+    cost = model.cost()
+    # Below the smallest size timed: scaled down along it; between sizes: a straight line.
+    assert cost.measured_ms == pytest.approx((8.0, 16.0, 20.0, 24.0, 28.0, 32.0, 36.0, 40.0))
+    model.observe(4, 34.0)  # a size's first tick sets its time, later ones move it by alpha
+    model.observe(4, 44.0)
+    assert model.cost().batch_ms(4) == pytest.approx(34.0 + model.alpha * 10.0)
+    for _ in range(100):  # however fast a larger size looks, it is never cheaper than a smaller one
+        model.observe(8, 1.0)
+    curve = model.cost().measured_ms
+    assert all(a <= b for a, b in itertools.pairwise(curve)) and curve[7] == curve[6]
+    model.observe(CostModel.SIZES + 1, 500.0)  # larger than the table: the line only
+    assert len(model.cost().measured_ms) == 8
+
+
+def test_a_slow_calibration_is_scaled_to_what_ticks_take() -> None:
+    model = CostModel()
+    model.calibrate({1: 20.0, 2: 36.0, 4: 56.0})  # timed while another process was busy
+    model.observe(1, 10.0)  # one-token ticks now take half as long
+    assert model.cost().measured_ms == pytest.approx((10.0, 18.0, 23.0, 28.0))
+    model.observe(2, 25.0)  # a size the ticks had is priced by them
+    assert model.cost().measured_ms == pytest.approx((10.0, 25.0, 26.5, 28.0))
+
+
+def test_a_speculating_engine_times_its_passes_before_its_first_tick(start_server: StartServer) -> None:
+    ref = start_server(n_parallel=2, n_ctx=256, spec_type="ngram")
+    assert ref.ask(GetStats())["kv_cells_used"] == 0  # the timing passes left nothing behind
+    curve = ref.proxy().actor_engine.get().cost.cost().measured_ms
+    assert len(curve) == 17 and curve[0] > 0 and curve[16] > curve[0]
+    assert start_server(n_parallel=1, n_ctx=256).proxy().actor_engine.get().cost.cost().measured_ms == ()
 
 
 def test_acceptance_learns_and_forgets() -> None:

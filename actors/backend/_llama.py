@@ -415,6 +415,35 @@ class LlamaBackend:
         finally:
             _lc.llama_set_embeddings(self._ctx, False)
 
+    def time_passes(self, sizes: Sequence[int], seq_id: int, repeats: int = 2) -> dict[int, float]:
+        """The least time in ms of ``repeats`` forward passes of each size in ``sizes``,
+        every row with logits, on ``seq_id`` at positions from 0; the sequence is
+        cleared after each (engine thread, while ``seq_id`` holds nothing).
+
+        A speculating engine prices draft rows with it before its first tick. Sizes over
+        ``n_batch`` are skipped; a pass that fails ends the timing with what it has.
+        """
+        sizes = sorted({n for n in sizes if 1 <= n <= self.n_batch})
+        if not sizes:
+            return {}
+        times: dict[int, float] = {}
+        batch = self._batch
+        for i, n in enumerate([sizes[-1]] + sizes * repeats):  # the first pass warms up
+            self.tokens[:n] = np.arange(n, dtype=np.int32) % self.n_vocab
+            self.pos[:n] = np.arange(n, dtype=np.int32)
+            self.seq_ids[:n] = seq_id
+            self.logits[:n] = 1
+            batch.n_tokens = n
+            t0 = time.perf_counter()
+            code = int(_lc.llama_decode(self._ctx, batch))
+            elapsed_ms = (time.perf_counter() - t0) * 1000.0
+            self.seq_clear(seq_id)
+            if code != 0:
+                break
+            if i:
+                times[n] = min(times.get(n, math.inf), elapsed_ms)
+        return times
+
     # -- sampling ----------------------------------------------------------------
 
     def make_sampler(

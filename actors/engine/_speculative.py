@@ -9,6 +9,7 @@ the forward pass verifies them in the tick's one batch (``ForwardPass._verify``)
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -151,21 +152,49 @@ class NgramDrafter(Drafter):
 
 
 class CostModel:
-    """The cost of a forward pass as a line over its batch size, fitted to the measured
-    ticks by least squares that forget old ticks (engine thread).
+    """The cost of a forward pass (engine thread): a line over its batch size, fitted to
+    the measured ticks by least squares that forget old ticks, and each size's own
+    time up to ``SIZES`` tokens.
 
-    Until the ticks span two batch sizes it assumes ``fixed_ms == per_token_ms`` (as
-    measured on a 2-core Xeon: 17 tokens cost 9 one-token decodes).
+    A speculating engine times passes of a few sizes before its first tick
+    (:meth:`calibrate`): their shape, relative to a one-token pass, prices sizes no
+    tick has had yet, scaled by what one-token ticks take now (so a calibration slowed
+    by another process's burst does not overprice drafts for good). A size the ticks
+    have had is priced by its ticks.
+
+    Until the ticks span two batch sizes the line assumes ``fixed_ms == per_token_ms``
+    (as measured on a 2-core Xeon: 17 tokens cost 9 one-token decodes).
     """
 
-    def __init__(self, decay: float = 0.98) -> None:
+    SIZES = 64
+    CALIBRATE = (1, 2, 3, 4, 6, 8, 12, 17)
+    """The sizes timed before the first tick: where the curve bends (one row to a few)
+    and a default draft's 17 rows; sizes between are interpolated."""
+
+    def __init__(self, decay: float = 0.98, alpha: float = 0.1) -> None:
         self.decay = decay
+        self.alpha = alpha  # each tick's weight in its size's time
         self._w = self._n = self._nn = self._t = self._nt = 0.0
+        self._ticks = [0.0] * self.SIZES  # ms of an n-token tick at [n - 1]; 0: never seen
+        self._timed = [0.0] * self.SIZES  # the same from calibrate
+
+    def calibrate(self, timings: Mapping[int, float]) -> None:
+        """Passes of these sizes took these ms (``LlamaBackend.time_passes``)."""
+        for n, ms in sorted(timings.items()):
+            if 1 <= n <= self.SIZES and ms > 0:
+                self._timed[n - 1] = ms
+                self._fit(n, ms)
 
     def observe(self, n_tokens: int, eval_ms: float) -> None:
         """One forward pass of ``n_tokens`` took ``eval_ms``."""
         if n_tokens < 1 or not eval_ms > 0:
             return
+        self._fit(n_tokens, eval_ms)
+        if n_tokens <= self.SIZES:
+            old = self._ticks[n_tokens - 1]
+            self._ticks[n_tokens - 1] = eval_ms if old == 0.0 else old + self.alpha * (eval_ms - old)
+
+    def _fit(self, n_tokens: int, eval_ms: float) -> None:
         d = self.decay
         self._w = self._w * d + 1.0
         self._n = self._n * d + n_tokens
@@ -174,18 +203,45 @@ class CostModel:
         self._nt = self._nt * d + n_tokens * eval_ms
 
     def cost(self) -> DecodeCost:
-        """The fitted line (a floor keeps both parts positive)."""
+        """The fitted line (a floor keeps both parts positive) and the sizes' times."""
+        return DecodeCost(*self._line(), measured_ms=self._curve())
+
+    def _line(self) -> tuple[float, float]:
         if self._w == 0.0:
-            return DecodeCost(1.0, 1.0)
+            return 1.0, 1.0
         mean_n, mean_t = self._n / self._w, self._t / self._w
         var_n = self._nn / self._w - mean_n * mean_n
         prior = mean_t / (1.0 + mean_n)  # fixed == per-token, through the mean
         if var_n < 0.5:
-            return DecodeCost(prior, prior)
+            return prior, prior
         slope = (self._nt / self._w - mean_n * mean_t) / var_n
         # Noise (another tenant's burst) can tilt the line; keep both parts sane.
         slope = min(max(slope, 0.1 * prior), mean_t / mean_n)
-        return DecodeCost(max(mean_t - slope * mean_n, 0.0), slope)
+        return max(mean_t - slope * mean_n, 0.0), slope
+
+    def _curve(self) -> tuple[float, ...]:
+        """Every size's ms up to the largest one known: ticks' where there were any, the
+        calibration's scaled to now elsewhere, straight lines between, never less than a
+        smaller size's (noise must not make a larger batch look cheaper). Empty when no
+        size is known."""
+        scale = self._ticks[0] / self._timed[0] if self._ticks[0] and self._timed[0] else 1.0
+        known = [
+            (n + 1, ticks or timed * scale)
+            for n, (ticks, timed) in enumerate(zip(self._ticks, self._timed, strict=True))
+            if ticks or timed
+        ]
+        if not known:
+            return ()
+        if known[0][0] != 1:  # nothing below the smallest known: scale it down along the line
+            known.insert(0, (1, known[0][1] / known[0][0]))
+        curve: list[float] = []
+        for (n0, ms0), (n1, ms1) in itertools.pairwise(known):
+            curve.extend(ms0 + (ms1 - ms0) * (n - n0) / (n1 - n0) for n in range(n0, n1))
+        curve.append(known[-1][1])
+        top = 0.0
+        for i, ms in enumerate(curve):
+            top = curve[i] = max(top, ms)
+        return tuple(curve)
 
 
 class Acceptance:

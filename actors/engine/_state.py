@@ -120,6 +120,9 @@ class EngineState:
                 draft_backend, self.n_ctx_slot, config.draft_p_min, chunk_size=config.chunk_size
             )
         self.cost = CostModel()
+        if self.drafter is not None:  # price draft rows by this machine's passes, not a guess
+            sizes = [n for n in CostModel.CALIBRATE if n <= self.n_ctx_slot]
+            self.cost.calibrate(backend.time_passes(sizes, self.slots[0].seq_id))
         self.embedder = Embedder(backend, config.max_queue, self._room_for_embeddings, self.memory.cells)
         self.draft_idle = 0  # ticks since a costly drafter's drafts were last verified
         self.draft_tokens = 0
