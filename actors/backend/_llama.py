@@ -415,7 +415,7 @@ class LlamaBackend:
         finally:
             _lc.llama_set_embeddings(self._ctx, False)
 
-    def time_passes(self, sizes: Sequence[int], seq_id: int, repeats: int = 2) -> dict[int, float]:
+    def time_passes(self, sizes: Sequence[int], seq_id: int, repeats: int = 1) -> dict[int, float]:
         """The least time in ms of ``repeats`` forward passes of each size in ``sizes``,
         every row with logits, on ``seq_id`` at positions from 0; the sequence is
         cleared after each (engine thread, while ``seq_id`` holds nothing).
@@ -428,7 +428,7 @@ class LlamaBackend:
             return {}
         times: dict[int, float] = {}
         batch = self._batch
-        for i, n in enumerate([sizes[-1]] + sizes * repeats):  # the first pass warms up
+        for i, n in enumerate(sizes[:1] + sizes * repeats):  # the first pass warms up
             self.tokens[:n] = np.arange(n, dtype=np.int32) % self.n_vocab
             self.pos[:n] = np.arange(n, dtype=np.int32)
             self.seq_ids[:n] = seq_id

@@ -167,9 +167,10 @@ class CostModel:
     """
 
     SIZES = 64
-    CALIBRATE = (1, 2, 3, 4, 6, 8, 12, 17)
-    """The sizes timed before the first tick: where the curve bends (one row to a few)
-    and a default draft's 17 rows; sizes between are interpolated."""
+    CALIBRATE = (1, 2, 4, 8, 17)
+    """The sizes timed before the first tick (about 30 rows' work): where the curve
+    bends (one row to a few) and a default draft's 17 rows; sizes between are
+    interpolated until ticks of their own price them."""
 
     def __init__(self, decay: float = 0.98, alpha: float = 0.1) -> None:
         self.decay = decay
