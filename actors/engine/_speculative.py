@@ -9,7 +9,6 @@ the forward pass verifies them in the tick's one batch (``ForwardPass._verify``)
 from __future__ import annotations
 
 import abc
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -152,48 +151,65 @@ class NgramDrafter(Drafter):
 
 
 class CostModel:
-    """The cost of a forward pass (engine thread): a line over its batch size, fitted to
-    the measured ticks by least squares that forget old ticks, and each size's own
-    time up to ``SIZES`` tokens.
+    """The cost of a forward pass by its batch size (engine thread).
 
     A speculating engine times passes of a few sizes before its first tick
-    (:meth:`calibrate`): their shape, relative to a one-token pass, prices sizes no
-    tick has had yet, scaled by what one-token ticks take now (so a calibration slowed
-    by another process's burst does not overprice drafts for good). A size the ticks
-    have had is priced by its ticks.
+    (:meth:`calibrate`). Measured so (a 2-core AMD EPYC: 1 row 8.9 ms, 2 rows 16.1,
+    4 rows 25.0, 8 rows 42.0, 17 rows 86.9), a pass of two or more rows is a line in
+    its size, within 6%, but a one-row pass takes llama.cpp's matrix-vector path and
+    costs much less than the line says. So the model keeps two things, each on its own
+    evidence:
 
-    Until the ticks span two batch sizes the line assumes ``fixed_ms == per_token_ms``
-    (as measured on a 2-core Xeon: 17 tokens cost 9 one-token decodes).
+    - one-row passes: the ticks' own times (from the calibration's until there are any);
+    - larger passes: the calibration's line, scaled by how the ticks of those sizes
+      compare with it now (the shape from a quiet moment, the level from the ticks: one
+      slow tick moves the level a little, and cannot bend the line).
+
+    Without a calibration (fewer than two sizes over one row timed) it falls back on a
+    line fitted to the ticks by least squares that forget old ticks, assuming
+    ``fixed_ms == per_token_ms`` until the ticks span two sizes.
     """
 
-    SIZES = 64
     CALIBRATE = (1, 2, 4, 8, 17)
-    """The sizes timed before the first tick (about 30 rows' work): where the curve
-    bends (one row to a few) and a default draft's 17 rows; sizes between are
-    interpolated until ticks of their own price them."""
+    """The sizes timed before the first tick (about 30 rows' work)."""
+    SIZES = 64
+    """Sizes ``DecodeCost.measured_ms`` lists (larger ones: ``per_token_ms`` a row more)."""
 
     def __init__(self, decay: float = 0.98, alpha: float = 0.1) -> None:
         self.decay = decay
-        self.alpha = alpha  # each tick's weight in its size's time
+        self.alpha = alpha  # each tick's weight in the one-row time and the level
         self._w = self._n = self._nn = self._t = self._nt = 0.0
-        self._ticks = [0.0] * self.SIZES  # ms of an n-token tick at [n - 1]; 0: never seen
-        self._timed = [0.0] * self.SIZES  # the same from calibrate
+        self._one = 0.0  # ms of a one-row pass; 0: unknown
+        self._shape: tuple[float, float] | None = None  # the calibration's line over 2+ rows
+        self._level = 1.0  # the ticks over that line
 
     def calibrate(self, timings: Mapping[int, float]) -> None:
         """Passes of these sizes took these ms (``LlamaBackend.time_passes``)."""
-        for n, ms in sorted(timings.items()):
-            if 1 <= n <= self.SIZES and ms > 0:
-                self._timed[n - 1] = ms
-                self._fit(n, ms)
+        points = [(n, ms) for n, ms in timings.items() if n >= 1 and ms > 0]
+        for n, ms in points:
+            self._fit(n, ms)
+            if n == 1:
+                self._one = ms
+        larger = [(float(n), ms) for n, ms in points if n >= 2]
+        if len(larger) >= 2:
+            mean_n = sum(n for n, _ in larger) / len(larger)
+            mean_t = sum(t for _, t in larger) / len(larger)
+            var = sum((n - mean_n) ** 2 for n, _ in larger)
+            slope = sum((n - mean_n) * (t - mean_t) for n, t in larger) / var
+            slope = max(slope, 0.1 * mean_t / mean_n)  # a noisy calibration must not make rows free
+            self._shape = (max(mean_t - slope * mean_n, 0.0), slope)
 
     def observe(self, n_tokens: int, eval_ms: float) -> None:
-        """One forward pass of ``n_tokens`` took ``eval_ms``."""
+        """One forward pass of ``n_tokens`` (decode rows only) took ``eval_ms``."""
         if n_tokens < 1 or not eval_ms > 0:
             return
         self._fit(n_tokens, eval_ms)
-        if n_tokens <= self.SIZES:
-            old = self._ticks[n_tokens - 1]
-            self._ticks[n_tokens - 1] = eval_ms if old == 0.0 else old + self.alpha * (eval_ms - old)
+        if n_tokens == 1:
+            self._one = eval_ms if self._one == 0.0 else self._one + self.alpha * (eval_ms - self._one)
+        elif self._shape is not None:
+            fixed, per = self._shape
+            ratio = min(max(eval_ms / (fixed + per * n_tokens), 0.25), 4.0)  # a stall is one tick's noise
+            self._level += self.alpha * (ratio - self._level)
 
     def _fit(self, n_tokens: int, eval_ms: float) -> None:
         d = self.decay
@@ -204,8 +220,13 @@ class CostModel:
         self._nt = self._nt * d + n_tokens * eval_ms
 
     def cost(self) -> DecodeCost:
-        """The fitted line (a floor keeps both parts positive) and the sizes' times."""
-        return DecodeCost(*self._line(), measured_ms=self._curve())
+        """The cost as a strategy sees it (``measured_ms`` when calibrated)."""
+        if self._shape is None:
+            return DecodeCost(*self._line())
+        fixed, per = self._shape[0] * self._level, self._shape[1] * self._level
+        one = self._one or fixed + per
+        curve = [one, *(max(fixed + per * n, one) for n in range(2, self.SIZES + 1))]
+        return DecodeCost(fixed, per, measured_ms=tuple(curve))
 
     def _line(self) -> tuple[float, float]:
         if self._w == 0.0:
@@ -219,30 +240,6 @@ class CostModel:
         # Noise (another tenant's burst) can tilt the line; keep both parts sane.
         slope = min(max(slope, 0.1 * prior), mean_t / mean_n)
         return max(mean_t - slope * mean_n, 0.0), slope
-
-    def _curve(self) -> tuple[float, ...]:
-        """Every size's ms up to the largest one known: ticks' where there were any, the
-        calibration's scaled to now elsewhere, straight lines between, never less than a
-        smaller size's (noise must not make a larger batch look cheaper). Empty when no
-        size is known."""
-        scale = self._ticks[0] / self._timed[0] if self._ticks[0] and self._timed[0] else 1.0
-        known = [
-            (n + 1, ticks or timed * scale)
-            for n, (ticks, timed) in enumerate(zip(self._ticks, self._timed, strict=True))
-            if ticks or timed
-        ]
-        if not known:
-            return ()
-        if known[0][0] != 1:  # nothing below the smallest known: scale it down along the line
-            known.insert(0, (1, known[0][1] / known[0][0]))
-        curve: list[float] = []
-        for (n0, ms0), (n1, ms1) in itertools.pairwise(known):
-            curve.extend(ms0 + (ms1 - ms0) * (n - n0) / (n1 - n0) for n in range(n0, n1))
-        curve.append(known[-1][1])
-        top = 0.0
-        for i, ms in enumerate(curve):
-            top = curve[i] = max(top, ms)
-        return tuple(curve)
 
 
 class Acceptance:
