@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench-peers bench bench-http bench-speculative bench-smoke compat clean
+.PHONY: install demo test lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-smoke compat clean
 
 # llama.cpp compiles for this CPU (GGML_NATIVE) but without AMX: on a Sapphire Rapids
 # VM ggml's AMX matmul kills the process at its first ldtilecfg (seen 2026-12-02, in
@@ -84,6 +84,12 @@ bench-speculative: install
 	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
 	$(PY) bench/speculative.py
 	$(PY) bench/speculative_bound.py
+
+# Embeddings throughput of 16 callers against a locked Llama and llama-server --embedding
+# (bench/embeddings.py): bench/results/embeddings.md.
+bench-embeddings: install
+	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
+	$(PY) bench/embeddings.py
 
 # The bench scripts' smoke tests, which make test leaves out (the suite's time budget).
 bench-smoke: install

@@ -34,7 +34,7 @@ from typing import Any
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from actors import ServerActor, default_model_path, embed
-from bench._common import run_threads
+from bench._common import RESULTS, machine, run_threads, write_result
 from bench._systems import _free_port, _wait_http
 
 _TOPICS = [
@@ -148,14 +148,24 @@ def run(
     print(f"\n{callers} callers x {per_caller} texts, pooling {pooling}, median of {rounds} rounds:")
     for name, value in medians.items():
         print(f"  {name:13s} {value:7.1f} texts/s")
-    lines = [f"{callers} callers x {per_caller} texts, pooling {pooling}, median of {rounds} rounds", ""]
-    lines += ["| system | texts/s |", "|---|---|", *(f"| {n} | {v:.1f} |" for n, v in medians.items())]
+    lines = [
+        "# Embeddings throughput",
+        "",
+        f"{machine()}; SmolLM2-135M-Instruct Q4_1, {callers} concurrent callers x {per_caller} texts of "
+        f"20 to 40 tokens, one text a request, pooling {pooling}, n_threads={n_threads}; median of "
+        f"{rounds} interleaved rounds.",
+        "",
+        "| system | texts/s |",
+        "|---|---|",
+        *(f"| {n} | {v:.1f} |" for n, v in medians.items()),
+        "",
+    ]
     for peer in ("llama-lock", "llama-server"):
         if "engine" in medians and peer in medians:
             print(f"  engine / {peer}: {medians['engine'] / medians[peer]:.2f}x")
-            lines.append(f"\nengine / {peer}: {medians['engine'] / medians[peer]:.2f}x")
+            lines.append(f"engine / {peer}: {medians['engine'] / medians[peer]:.2f}x  ")
     if out is not None:
-        (out / "embeddings.md").write_text("\n".join(lines) + "\n")
+        write_result("embeddings", "\n".join(lines) + "\n", out)
 
 
 def design(repeats: int, n_threads: int) -> None:
@@ -229,7 +239,7 @@ def main() -> None:
     parser.add_argument("--systems", default="engine,llama-lock,llama-server")
     parser.add_argument("--design", action="store_true", help="measure own pass against beside")
     parser.add_argument("--quick", action="store_true", help="2 callers, 1 text, 1 round (a smoke test)")
-    parser.add_argument("--out", type=Path, default=None, help="a directory for embeddings.md")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="a directory for embeddings.md")
     args = parser.parse_args()
     if args.quick:
         args.callers, args.texts, args.rounds = 2, 1, 1

@@ -9,10 +9,11 @@ The rule ranks every candidate draft token by that gain, and for each count ``m`
 the best ones prices the batch ``m`` rows larger by the measured cost of a pass
 (``DecodeCost.batch_ms``, not a line: a pass's first extra rows cost more than later
 ones on a CPU, so one draft token may lose where three would win), the time the rows
-add priced 15% over the measure; it verifies the count that gives the most tokens per
-millisecond, if that beats the tick without drafts. So drafts stop by themselves where
-acceptance is low or the batch is already large (at concurrency 8 on a CPU a draft
-token needs about a 0.9 chance of being right; alone, the first few need about 0.85).
+add priced 15% over the measure (50% beside other decoding slots); it verifies the
+count that gives the most tokens per millisecond, if that beats the tick without
+drafts. So drafts stop by themselves where acceptance is low or the batch is already
+large (on a 2-core CPU a lone slot's drafts need about a 0.85 chance of being right,
+and beside 7 other decoding slots none pays).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ _MAX_ACCEPTANCE = 0.999  # a rate of 1.0 would make every draft token look free
 # not see what a draft row costs besides its compute (verifying it, a batch of a new
 # shape), and at a full batch a draft that only broke even lost 5% in bench/speculative.py.
 _MARGIN = 1.15
+# Beside other decoding slots a draft row measured about twice what the calibrated
+# curve gives its row (ticks of 9 rows on an AMD EPYC: +8.6 to +12 ms against the
+# curve's 5): the rows of a crowded batch are priced higher still, so drafts pay there
+# only where the pass is far from its slope (a GPU), never by a hair.
+_CROWDED_MARGIN = 1.5
 _NEGLIGIBLE = 0.01  # a candidate this unlikely to add a token ends the search
 
 
@@ -43,6 +49,7 @@ def add_drafts(slots: Sequence[SlotView], plan: BatchPlan, budget: int, cost: De
     # decode rows). Prompt chunks are left out of both sides: their tokens are cheaper
     # per token and yield none, so leaving them out errs toward fewer drafts.
     rows = plan.num_decode_tokens + plan.num_draft_tokens
+    margin = _MARGIN if rows <= 1 else _CROWDED_MARGIN
     expected = float(rows)
     base_ms = cost.batch_ms(rows)
     best, best_rate = 0, expected / base_ms if rows else 0.0
@@ -62,7 +69,7 @@ def add_drafts(slots: Sequence[SlotView], plan: BatchPlan, budget: int, cost: De
             break  # what is left adds next to nothing, and every row costs
         picks.append(index)
         expected -= neg_gain
-        rate = expected / (base_ms + _MARGIN * (cost.batch_ms(rows + len(picks)) - base_ms))
+        rate = expected / (base_ms + margin * (cost.batch_ms(rows + len(picks)) - base_ms))
         if rate > best_rate:
             best, best_rate = len(picks), rate
         if i < views[entries[index].seq_id].draft_tokens:

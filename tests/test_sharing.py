@@ -22,7 +22,7 @@ StartServer = Callable[..., pykka.ActorRef[Any]]
 
 SYSTEM = "You are a careful assistant who answers in full sentences and checks each fact twice. " * 12
 # The references for prompt(i) are made this long once, and cut for each test.
-LONGEST = 160
+LONGEST = 120
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Why is the sky blue?", "Count to five."]
 
 
@@ -105,10 +105,10 @@ def test_cancelling_one_sharer_leaves_the_other_intact(start_server: StartServer
 
 
 def test_a_sharer_that_shifts_leaves_the_donor_intact(start_server: StartServer) -> None:
-    # Slots of 384 positions: each shifts (n_keep 0, half dropped) with the shared
+    # Slots of 256 positions: each shifts (n_keep 0, half dropped) with the shared
     # prefix partly in the moved half, so it copies its cells out first.
-    options = {"n_ctx_per_slot": 384, "n_ctx": 2048}
-    max_tokens = 220
+    options = {"n_ctx_per_slot": 256, "n_ctx": 2048}
+    max_tokens = 120
     expected = greedy_references(start_server, [prompt(0), prompt(1)], max_tokens, **options)
     recorder = Recorder()
     ref = start_server(n_parallel=2, **options)
@@ -119,15 +119,15 @@ def test_a_sharer_that_shifts_leaves_the_donor_intact(start_server: StartServer)
     assert [md["event"] for _, md in recorder.of("kv_pressure")].count("context_shift") >= 2
     for e, c in zip(expected, got, strict=True):
         assert c.generated_tokens == max_tokens
-        assert same_greedy(e, c.token_ids) >= 100
+        assert same_greedy(e, c.token_ids) >= 60
 
 
 def test_preempting_sharers_under_kv_pressure_keeps_every_output(start_server: StartServer) -> None:
     prompts = [prompt(i) for i in range(4)]
     expected = greedy_references(start_server, prompts, LONGEST)
     recorder = Recorder()
-    # Four slots of up to 512 positions, 768 cells: even sharing the prefix, they cannot all fit.
-    tight = start_server(n_parallel=4, n_ctx=768, n_ctx_per_slot=512)
+    # Four slots of up to 512 positions, 512 cells: even sharing the prefix, they cannot all fit.
+    tight = start_server(n_parallel=4, n_ctx=512, n_ctx_per_slot=512)
     futures = [tight.ask(Generate(p, max_tokens=LONGEST, temp=0, logit_bias=NO_EOG)) for p in prompts]
     got = [f.get(timeout=300) for f in futures]
     assert "preempt" in [md["event"] for _, md in recorder.of("kv_pressure")]

@@ -108,8 +108,17 @@ def test_drafts_are_priced_by_the_measured_passes() -> None:
     assert EPYC.batch_ms(0) == 0.0
 
 
+def test_beside_other_decoding_slots_drafts_need_a_pass_far_from_its_slope() -> None:
+    # On the EPYC's curve eight slots drafting right 95% of the time buy nothing: their
+    # rows cost more in a crowded tick than the curve says (bench/speculative.py at c=8).
+    views = [view(i, 16, 0.95) for i in range(8)]
+    assert add_drafts(views, decodes(*range(8)), 1000, EPYC).num_draft_tokens == 0
+    # Where a pass costs mostly its fixed part, the same slots draft.
+    assert add_drafts(views, decodes(*range(8)), 1000, DecodeCost(40.0, 1.0)).num_draft_tokens >= 8
+
+
 def test_better_drafts_get_the_budget_first() -> None:
-    cost = DecodeCost(5.0, 10.0)
+    cost = DecodeCost(20.0, 5.0)  # a pass far from its slope (a GPU's)
     plan = add_drafts([view(0, 16, 0.6), view(1, 16, 0.97)], decodes(0, 1), 100, cost)
     by_slot = {e.seq_id: e.draft_tokens for e in plan.slots}
     assert by_slot[1] > by_slot[0]
@@ -197,7 +206,8 @@ def test_a_speculating_engine_times_its_passes_before_its_first_tick(start_serve
     ref = start_server(n_parallel=2, n_ctx=256, spec_type="ngram")
     assert ref.ask(GetStats())["kv_cells_used"] == 0  # the timing passes left nothing behind
     curve = ref.proxy().actor_engine.get().cost.cost().measured_ms
-    assert len(curve) == CostModel.SIZES and 0 < curve[0] < curve[1] < curve[16]
+    # A busy machine can slow the one-row ticks to the two-row pass (the curve never falls).
+    assert len(curve) == CostModel.SIZES and 0 < curve[0] <= curve[1] < curve[16]
     assert start_server(n_parallel=1, n_ctx=256).proxy().actor_engine.get().cost.cost().measured_ms == ()
 
 
@@ -411,7 +421,7 @@ def test_context_shift_and_preemption_with_drafts_change_no_output(start_server:
 
 
 def test_a_cancelled_or_failed_speculating_request_leaves_no_draft_cells(start_server: StartServer) -> None:
-    ref = start_server(n_parallel=2, spec_type="ngram")
+    ref = start_server(n_parallel=2, spec_type="ngram", batch_strategy=AllDrafts())  # drafts: the mechanics
     event = cancel_midway(ref, GROUNDED[1], 40, 400)
     assert isinstance(event, Done) and event.completion.stop_reason == "cancelled"
     assert event.completion.draft_accepted > 0
@@ -560,7 +570,7 @@ def test_a_draft_model_follows_shifts_preemptions_and_cancels(start_server: Star
     # between slots and the draft model's sequences follow: outputs unchanged. AllDrafts
     # has every draft verified: whether the default rule verifies one on a crowded
     # engine depends on the CPU's timings, and this test is about the mechanics.
-    spec = {"spec_type": "draft", "draft_model_path": DRAFT, "batch_strategy": AllDrafts(), "draft_max": 4}
+    spec = {"spec_type": "draft", "draft_model_path": DRAFT, "batch_strategy": AllDrafts(), "draft_max": 2}
     shifted, crowded = shift_and_preempt(start_server, **spec)
     assert shifted.draft_accepted > 0
     # A cancel in the middle of drafting, then the slot's next request drafts afresh.
@@ -630,7 +640,7 @@ def test_slots_sharing_a_long_system_prompt_share_the_draft_context(start_server
     # the target does: copied to each new request, never fed four times over (which
     # would not fit, and every draft sequence would start over every tick).
     questions = [f"{SYSTEM}\nQuestion: what is {word}?\nAnswer:" for word in ("rain", "salt", "iron", "wind")]
-    refs = references(start_server, questions, 20)
+    refs = greedy_references(start_server, questions, 20)  # no other test asks these
     ref = draft_engine(
         start_server, n_parallel=4, n_ctx=512, n_ctx_per_slot=512, batch_strategy=AllDrafts(), draft_max=4
     )

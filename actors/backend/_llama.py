@@ -31,6 +31,7 @@ from actors.backend._faults import faults
 from actors.backend._greedy import GREEDY_TEMP, DeadEnd, _Greedy
 from actors.backend._options import BackendOptions
 from actors.backend._readers import _Readers
+from actors.backend._rows import put_rows
 from actors.backend._template import ChatTemplate
 from actors.contract._checks import _template_variables
 from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, ModelLoadError
@@ -429,10 +430,7 @@ class LlamaBackend:
         times: dict[int, float] = {}
         batch = self._batch
         for i, n in enumerate(sizes[:1] + sizes * repeats):  # the first pass warms up
-            self.tokens[:n] = np.arange(n, dtype=np.int32) % self.n_vocab
-            self.pos[:n] = np.arange(n, dtype=np.int32)
-            self.seq_ids[:n] = seq_id
-            self.logits[:n] = 1
+            put_rows(self, 0, seq_id, np.arange(n, dtype=np.int32) % self.n_vocab, 0, logits=True)
             batch.n_tokens = n
             t0 = time.perf_counter()
             code = int(_lc.llama_decode(self._ctx, batch))

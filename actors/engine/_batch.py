@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from actors.backend._rows import put_rows
 from actors.contract._checks import _is_int
 from actors.contract._errors import StrategyError
 from actors.engine._slots import Slot
@@ -116,14 +117,11 @@ def lay_out(plan: BatchPlan, slots: Mapping[int, Slot], arrays: BatchArrays) -> 
         n_past = len(slot.cached)
         if entry.decode:
             d = entry.draft_tokens
-            arrays.tokens[row] = slot.pending
             end = row + 1 + d
             if d:
-                arrays.tokens[row + 1 : end] = slot.draft[:d]
-                arrays.pos[row:end] = np.arange(n_past, n_past + 1 + d, dtype=np.int32)
-                arrays.seq_ids[row:end] = slot.seq_id
-                arrays.logits[row:end] = 1
-            else:
+                put_rows(arrays, row, slot.seq_id, [slot.pending, *slot.draft[:d]], n_past, logits=True)
+            else:  # the common row, written without a temporary
+                arrays.tokens[row] = slot.pending
                 arrays.pos[row] = n_past
                 arrays.seq_ids[row] = slot.seq_id
                 arrays.logits[row] = 1
@@ -132,11 +130,8 @@ def lay_out(plan: BatchPlan, slots: Mapping[int, Slot], arrays: BatchArrays) -> 
         elif entry.prefill_tokens:
             assert slot.request is not None and slot.state is SlotState.PREFILLING
             n = entry.prefill_tokens
-            end = row + n
-            arrays.tokens[row:end] = slot.request.context[n_past : n_past + n]
-            arrays.pos[row:end] = np.arange(n_past, n_past + n, dtype=np.int32)
-            arrays.seq_ids[row:end] = slot.seq_id
-            arrays.logits[row:end] = 0
+            chunk = slot.request.context[n_past : n_past + n]
+            end = put_rows(arrays, row, slot.seq_id, chunk, n_past, logits=False)
             completes = n_past + n == len(slot.request.context)
             if completes:
                 arrays.logits[end - 1] = 1

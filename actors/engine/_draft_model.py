@@ -24,6 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from actors.backend._llama import LlamaBackend
+from actors.backend._rows import put_rows
 from actors.engine._draft_cells import DraftCells, common_prefix, fair_shares, request_tail
 from actors.engine._speculative import Draft, Drafter, DraftWant
 
@@ -154,10 +155,7 @@ class ModelDrafter(Drafter):
             if take == 0:
                 continue
             start = len(seq.held) + seq.fed
-            backend.tokens[n : n + take] = tokens[:take]
-            backend.pos[n : n + take] = range(start, start + take)
-            backend.seq_ids[n : n + take] = seq.seq_id
-            backend.logits[n : n + take] = 0
+            put_rows(backend, n, seq.seq_id, tokens[:take], start, logits=False)
             if seq.draft:
                 seq.fed += take
             else:
@@ -186,10 +184,7 @@ class ModelDrafter(Drafter):
             rows, batch = [], []
             # A draft the context has no room to feed stops where it is (shorter, not lost).
             for row, (seq, wanted) in enumerate(going[: self._room(len(going))]):
-                backend.tokens[row] = seq.draft[-1]
-                backend.pos[row] = len(seq.held) + seq.fed
-                backend.seq_ids[row] = seq.seq_id
-                backend.logits[row] = 1
+                put_rows(backend, row, seq.seq_id, seq.draft[-1:], len(seq.held) + seq.fed, logits=True)
                 seq.fed += 1
                 self._cells.grow(seq.cells, 1)
                 batch.append(seq)

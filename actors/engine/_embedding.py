@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from actors.backend._llama import LlamaBackend
+from actors.backend._rows import put_rows
 from actors.contract._embed import POOLINGS, Embed, Embeddings, Pooling
 from actors.contract._errors import (
     DecodeError,
@@ -309,11 +310,7 @@ class Embedder:
         return 0
 
     def _lay_out(self, row: int, lane: int, tokens: tuple[int, ...], pos: int) -> None:
-        backend, end = self.backend, row + len(tokens)
-        backend.tokens[row:end] = tokens
-        backend.pos[row:end] = np.arange(pos, pos + len(tokens), dtype=np.int32)
-        backend.seq_ids[row:end] = lane
-        backend.logits[row:end] = 1
+        put_rows(self.backend, row, lane, tokens, pos, logits=True)
 
     @staticmethod
     def _accumulate(text: _Text, rows: npt.NDArray[np.float32]) -> None:

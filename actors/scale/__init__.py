@@ -8,7 +8,8 @@ engine core, the backend, the contract), and nothing imports it but ``actors``.
 
 from __future__ import annotations
 
-from actors.scale._manager import ModelHandle, ModelManager
+from actors.scale._handle import ModelHandle
+from actors.scale._manager import ModelManager
 from actors.scale._pool import ServerPool
 
 __all__ = ["ModelHandle", "ModelManager", "ServerPool"]

@@ -52,7 +52,18 @@ from actors.scale._checks import (
     routed_id,
     times,
 )
-from actors.scale._models import Acquire, Model, Register, Release, Snapshot, Unload, Unregister
+from actors.scale._handle import ModelHandle
+from actors.scale._models import (
+    Acquire,
+    Model,
+    Register,
+    Release,
+    Snapshot,
+    Unload,
+    Unregister,
+    model_state,
+    why_down,
+)
 from actors.scale._pool import ServerPool
 from actors.scale._registry import (
     ManagerActor,
@@ -60,11 +71,10 @@ from actors.scale._registry import (
     tell_quietly,
 )
 
-__all__ = ["ModelHandle", "ModelManager"]
+__all__ = ["ModelManager"]
 
 _DEFAULT_KEEP_ALIVE_S = 300.0
 _STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
-_VERDICT_WAIT_S = 1.0  # how long a refused request waits to learn why its engine died
 _CONTROL = (Cancel, _CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
 
 
@@ -292,7 +302,7 @@ class ModelManager:
         try:
             return pool.ask(message, block=block, timeout=timeout)
         except EngineStopped as e:
-            raise EngineStopped(f"model {model.name!r}: {_why_down(pool, e)}") from None
+            raise EngineStopped(f"model {model.name!r}: {why_down(pool, e)}") from None
         finally:
             tell_quietly(self._actor, Release(model, request_id))
 
@@ -305,7 +315,7 @@ class ModelManager:
         try:
             pool.tell(message)
         except EngineStopped as e:
-            raise EngineStopped(f"model {model.name!r}: {_why_down(pool, e)}") from None
+            raise EngineStopped(f"model {model.name!r}: {why_down(pool, e)}") from None
         finally:
             tell_quietly(self._actor, Release(model, request_id))
 
@@ -369,7 +379,7 @@ class ModelManager:
             engine = got.get(name)
             info["engine"] = engine
             # An engine that answered has loaded (the manager may not know it yet).
-            info["state"] = _state(pool, info["ready"] or engine is not None)
+            info["state"] = model_state(pool, info["ready"] or engine is not None)
             if info["state"] == "failed":
                 info["last_error"] = pool.gave_up()
             info["in_flight"] = 0 if pool is None else in_flight(pool)
@@ -391,63 +401,3 @@ class ModelManager:
             thread.join()
         self.stop()
         return sum(results)
-
-
-def _why_down(pool: ServerPool, error: EngineStopped) -> str:
-    """Why a model's engine refused a request: its supervisor's verdict (a failed load
-    names llama.cpp's reason), which the monitor thread gives a moment after the engine
-    died; else the refusal itself (caller's thread)."""
-    deadline = time.monotonic() + _VERDICT_WAIT_S
-    while (
-        (reason := pool.gave_up()) is None
-        and pool.is_alive()
-        and not pool.up()
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.02)
-    return reason or str(error)
-
-
-def _state(pool: ServerPool | None, ready: bool) -> str:
-    """``unloaded``, ``loading`` (its engine is loading the file), ``ready``,
-    ``restarting`` or ``failed`` (it died: the next request loads it again)."""
-    if pool is None:
-        return "unloaded"
-    if pool.gave_up() is not None:
-        return "failed"
-    if not ready:
-        return "loading"
-    return "ready" if pool.up() else "restarting"
-
-
-class ModelHandle:
-    """One model of a :class:`ModelManager`: a request sent here without ``model`` goes
-    to this model (one naming another model is refused). Methods run in callers' threads."""
-
-    def __init__(self, manager: ModelManager, name: str) -> None:
-        self.manager = manager
-        self.name = name
-
-    def _model(self, message: Any) -> str:
-        if isinstance(message, Drain):
-            raise InvalidRequest(
-                f"drain the manager, or unload the model {self.name!r}, not one model's handle"
-            )
-        named = getattr(message, "model", None)
-        if named is not None and named != self.name:
-            raise InvalidRequest(f"the request names model {named!r} but was sent to {self.name!r}")
-        return self.name
-
-    def is_alive(self) -> bool:
-        """True while the manager runs."""
-        return self.manager.is_alive()
-
-    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
-        """As :meth:`ModelManager.ask`, for this model: ``GetStats`` gives this model's
-        entry of the manager's stats (its ``state``, its ``engine``'s stats when ready),
-        without loading it; a ``Drain`` is refused (unload the model instead)."""
-        return self.manager._ask(message, self._model(message), block, timeout)
-
-    def tell(self, message: Any) -> None:
-        """As :meth:`ModelManager.tell`, for this model."""
-        self.manager._tell(message, self._model(message))

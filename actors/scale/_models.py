@@ -1,14 +1,17 @@
 """A ``ModelManager``'s registered models and the messages its actor takes (frozen
-dataclasses, made in callers' threads and read in the manager's).
+dataclasses, made in callers' threads and read in the manager's), and what a model's
+pool says of its state.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from actors.actor._estimate import MemoryEstimate
 from actors.actor._options import StartOptions
+from actors.contract._errors import EngineStopped
 from actors.scale._pool import ServerPool
 
 __all__ = [
@@ -22,6 +25,8 @@ __all__ = [
     "Sweep",
     "Unload",
     "Unregister",
+    "model_state",
+    "why_down",
 ]
 
 
@@ -107,3 +112,33 @@ class Loaded:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Stopped:
     token: object
+
+
+_VERDICT_WAIT_S = 1.0  # how long a refused request waits to learn why its engine died
+
+
+def why_down(pool: ServerPool, error: EngineStopped) -> str:
+    """Why a model's engine refused a request: its supervisor's verdict (a failed load
+    names llama.cpp's reason), which the monitor thread gives a moment after the engine
+    died; else the refusal itself (caller's thread)."""
+    deadline = time.monotonic() + _VERDICT_WAIT_S
+    while (
+        (reason := pool.gave_up()) is None
+        and pool.is_alive()
+        and not pool.up()
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    return reason or str(error)
+
+
+def model_state(pool: ServerPool | None, ready: bool) -> str:
+    """``unloaded``, ``loading`` (its engine is loading the file), ``ready``,
+    ``restarting`` or ``failed`` (it died: the next request loads it again)."""
+    if pool is None:
+        return "unloaded"
+    if pool.gave_up() is not None:
+        return "failed"
+    if not ready:
+        return "loading"
+    return "ready" if pool.up() else "restarting"
