@@ -33,6 +33,14 @@ SIGNALS = {
 }
 
 
+class Opaque:
+    """An object that is no JSON value, with a repr that is the same in every process
+    (test ids must be: pytest-xdist compares the workers' collections)."""
+
+    def __repr__(self) -> str:
+        return "<opaque>"
+
+
 class Recorder:
     """Collects every signal of the engine (held strongly by the test)."""
 

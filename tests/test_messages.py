@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+from helpers import Opaque
 
 from actors import (
     Cancel,
@@ -22,14 +23,6 @@ from actors import (
     StreamChat,
     StreamTokens,
 )
-
-
-class Opaque:
-    """An object that is no JSON value, with a repr that is the same in every process
-    (test ids must be: pytest-xdist compares the workers' collections)."""
-
-    def __repr__(self) -> str:
-        return "<opaque>"
 
 
 def test_request_ids_are_fresh_and_messages_frozen() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import Opaque
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,15 +36,6 @@ from actors.actor._options import (
 )
 from actors.backend._options import default_n_threads
 from strategies import DecodeMaximal
-
-
-class Opaque:
-    """An object that is no JSON value, with a repr that is the same in every process
-    (test ids must be: pytest-xdist compares the workers' collections)."""
-
-    def __repr__(self) -> str:
-        return "<opaque>"
-
 
 pytestmark = pytest.mark.timeout(120)
 

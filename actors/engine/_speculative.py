@@ -186,12 +186,12 @@ class CostModel:
     def calibrate(self, timings: Mapping[int, float]) -> None:
         """Passes of these sizes took these ms (``LlamaBackend.time_passes``)."""
         points = [(n, ms) for n, ms in timings.items() if n >= 1 and ms > 0]
-        for n, ms in points:
-            self._fit(n, ms)
-            if n == 1:
-                self._one = ms
+        self._one = next((ms for n, ms in points if n == 1), self._one)
         larger = [(float(n), ms) for n, ms in points if n >= 2]
-        if len(larger) >= 2:
+        if len(larger) < 2:  # no line to keep: the timings start the fallback's
+            for n, ms in points:
+                self._fit(n, ms)
+        else:
             mean_n = sum(n for n, _ in larger) / len(larger)
             mean_t = sum(t for _, t in larger) / len(larger)
             var = sum((n - mean_n) ** 2 for n, _ in larger)
@@ -203,7 +203,8 @@ class CostModel:
         """One forward pass of ``n_tokens`` (decode rows only) took ``eval_ms``."""
         if n_tokens < 1 or not eval_ms > 0:
             return
-        self._fit(n_tokens, eval_ms)
+        if self._shape is None:  # once calibrated, cost() reads no fitted line
+            self._fit(n_tokens, eval_ms)
         if n_tokens == 1:
             self._one = eval_ms if self._one == 0.0 else self._one + self.alpha * (eval_ms - self._one)
         elif self._shape is not None:
