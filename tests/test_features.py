@@ -196,7 +196,7 @@ def test_greedy_chat_equals_create_chat_completion(
     ]["content"]
     # Our reference is create_chat_completion's path (which drops a cut last character).
     assert text == llm.detokenize(expected).decode(errors="ignore")
-    ref = start_server(n_parallel=2, flash_attn=False, cache_prompt=False)
+    ref = start_server(n_parallel=2, cache_prompt=False)
     completion = chat(ref, messages, max_tokens=len(expected) or 1, temp=0, logprobs=5)
     # The same prompt: its length, and the same next-token distribution (a different
     # rendering would move these by far more than float noise).
@@ -311,7 +311,7 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
 def test_logprobs_are_the_log_softmax_of_the_raw_logits(
     start_server: StartServer, reference_llama: Any
 ) -> None:
-    server = start_server(n_parallel=1, flash_attn=False)  # Llama's kernel, for the numbers
+    server = start_server(n_parallel=1)
     completion = generate(server, "The capital of France is", max_tokens=6, temp=0, logprobs=5)
     assert completion.logprobs is not None and len(completion.logprobs) == completion.generated_tokens
     for entry, token in zip(completion.logprobs, completion.token_ids, strict=True):

@@ -62,16 +62,14 @@ def test_kv_pressure_preempts_and_every_request_completes_with_the_same_output(
     # The same four requests at once with room for all: the same batch shapes until
     # the tight engine first preempts (made once for both cases).
     if not _UNCONTENDED:
-        roomy = start_server(n_parallel=4, n_ctx=2048, n_ctx_per_slot=512, flash_attn=False)
+        roomy = start_server(n_parallel=4, n_ctx=2048, n_ctx_per_slot=512)
         calm = [roomy.ask(Generate(p, max_tokens=n, temp=0, logprobs=2, logit_bias=NO_EOG)) for p in prompts]
         _UNCONTENDED.extend(f.get(timeout=240) for f in calm)
         roomy.stop()
     uncontended = _UNCONTENDED
     recorder = Recorder()
     # 4 slots that may n grow to 512 tokens share 512 KV cells: they cannot all fit.
-    tight = start_server(
-        n_parallel=4, n_ctx=512, n_ctx_per_slot=512, flash_attn=False, prompt_cache_ram_mb=ram_mb
-    )
+    tight = start_server(n_parallel=4, n_ctx=512, n_ctx_per_slot=512, prompt_cache_ram_mb=ram_mb)
     futures = [tight.ask(Generate(p, max_tokens=n, temp=0, logprobs=2, logit_bias=NO_EOG)) for p in prompts]
     contended = [f.get(timeout=240) for f in futures]
     events = [md["event"] for _, md in recorder.of("kv_pressure")]
@@ -98,8 +96,8 @@ def conversation(i: int, tokenizer: Any) -> list[int]:
 
 def test_ram_cache_restores_histories_that_lost_their_slot(start_server: StartServer) -> None:
     recorder = Recorder()
-    ref = start_server(n_parallel=2, n_ctx=4096, prompt_cache_ram_mb=256, flash_attn=False)
-    plain = start_server(n_parallel=1, n_ctx=4096, cache_prompt=False, flash_attn=False)
+    ref = start_server(n_parallel=2, n_ctx=4096, prompt_cache_ram_mb=256)
+    plain = start_server(n_parallel=1, n_ctx=4096, cache_prompt=False)
     tokenizer = ref.ask(GetTokenizer())
     histories = [conversation(i, tokenizer) for i in range(4)]  # more conversations than slots
     for history in histories:  # turn one: each history passes through a slot

@@ -2,8 +2,8 @@
 (``seq_cp``), never computed again; shared cells are counted once; and a sharer that
 ends, is cancelled, shifts or is preempted never changes another sharer's output.
 
-Greedy outputs are compared with an engine that shares nothing, by the near-tie rule
-of test_greedy.py (``helpers.same_greedy``).
+Greedy outputs are compared with an engine that shares nothing (``helpers.same_greedy``):
+strictly, where this CPU's floor is zero.
 """
 
 from __future__ import annotations

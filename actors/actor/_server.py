@@ -25,7 +25,7 @@ import pykka
 import telemetry
 from actors.actor._options import check_options
 from actors.actor._ref import TICK, EngineRef, _Admit, _Told
-from actors.backend._llama import LlamaBackend
+from actors.backend._llama import LlamaBackend, exact_attention
 from actors.backend._model import resolve_model_path
 from actors.backend._tokenizer import Tokenizer
 from actors.contract._embed import Embed
@@ -223,6 +223,14 @@ class ServerActor(pykka.ThreadingActor):
             raise
         if self.actor_options.n_batch > backend.n_batch:  # llama.cpp clamps; keep it honest
             _log.warning("n_batch clamped by llama.cpp to %d", backend.n_batch)
+        if self.actor_options.flash_attn is False or not exact_attention():
+            why = "is off" if self.actor_options.flash_attn is False else "is llama.cpp's stock kernel"
+            _log.warning(
+                "flash attention %s: a request's numbers may change with the batch and the cache "
+                "path that serves it (make install builds the batch-invariant kernel; see "
+                "docs/design/invariance.md)",
+                why,
+            )
         try:
             draft = self._load_draft(backend)
         except Exception as e:

@@ -7,8 +7,8 @@ in the project that imports ``llama_cpp``.
 
 from __future__ import annotations
 
-from actors.backend._llama import LlamaBackend
+from actors.backend._llama import LlamaBackend, exact_attention
 from actors.backend._model import default_model_path
 from actors.backend._tokenizer import Tokenizer
 
-__all__ = ["LlamaBackend", "Tokenizer", "default_model_path"]
+__all__ = ["LlamaBackend", "Tokenizer", "default_model_path", "exact_attention"]

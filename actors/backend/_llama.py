@@ -19,6 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import llama_cpp as _lc
@@ -37,7 +38,7 @@ from actors.contract._checks import _template_variables
 from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, ModelLoadError
 from actors.contract._messages import SamplingParams
 
-__all__ = ["LlamaBackend", "llama_cpp_version"]
+__all__ = ["LlamaBackend", "exact_attention", "llama_cpp_version"]
 
 _log = logging.getLogger("llama_cpp_actors.llama_cpp")
 
@@ -73,6 +74,30 @@ _lc.llama_backend_init()
 def llama_cpp_version() -> str:
     """The installed llama-cpp-python version."""
     return str(_lc.__version__)
+
+
+def exact_attention() -> bool:
+    """Whether llama.cpp's CPU flash attention is the batch-invariant one (thread-safe).
+
+    ``make install`` builds llama.cpp with ``actors/backend/patches/``, whose kernel makes
+    a sequence's attention independent of where its cells sit in the KV cache, of the
+    batch beside it and of the thread count: the guarantee of identical numbers on every
+    cache path rests on it (``docs/design/invariance.md``). A stock llama-cpp-python
+    lacks the symbol; ``GGML_CPU_FA_STOCK=1`` in the environment turns the patch off.
+    """
+    global _EXACT
+    if _EXACT is None:
+        _EXACT = False
+        for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+            path = Path(_lc.__file__).parent / "lib" / name
+            if path.exists():
+                probe = getattr(ctypes.CDLL(str(path)), "ggml_cpu_flash_attn_exact", None)
+                _EXACT = probe is not None and bool(probe())
+                break
+    return _EXACT
+
+
+_EXACT: bool | None = None
 
 
 EMBED_LANES = 32
