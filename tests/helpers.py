@@ -125,14 +125,16 @@ def trace(completion: Completion) -> list[tuple[int, float, tuple[tuple[int, flo
 
 
 def same_numbers(expected: Completion, got: Completion) -> float:
-    """Assert ``got`` is ``expected`` token for token, each log-probability within this
-    CPU's floor (exactly equal where it is zero); returns the largest difference.
+    """Assert ``got`` is ``expected`` token for token, each log-probability within what
+    this CPU's floor allows (exactly equal where it is zero); returns the largest difference.
 
     Both must have asked for the same ``logprobs``. Where the floor is not zero the
     tokens are compared by :func:`compare` (up to a near-tie) and the log-probabilities
     up to the divergence.
     """
-    floor = cpu_floor()
+    # A log-probability moves by at most twice the largest logit move (its logit and the
+    # log-sum-exp each by at most that).
+    floor = 2 * cpu_floor()
     a, b = trace(expected), trace(got)
     n = compare([t for t, _, _ in a], margins(expected), [t for t, _, _ in b])
     largest = 0.0

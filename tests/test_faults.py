@@ -63,7 +63,7 @@ def test_no_kv_space_on_one_decode_is_retried_transparently(server: pykka.ActorR
     reference = generate(server, "Once upon a time", **options, logprobs=2)
     faults.decode = on_call(3, 1)
     futures = [server.ask(Generate("Once upon a time", **options)) for _ in range(2)]
-    for future in futures:  # the retry runs smaller batches: equal up to a near-tie
+    for future in futures:  # the retry runs smaller batches: the same tokens
         same_greedy(reference, future.get(timeout=60).token_ids)
     assert recorder.of("kv_pressure")
 

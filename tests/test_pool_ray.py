@@ -64,8 +64,8 @@ def test_replicas_land_on_both_nodes(pool: ServerPool) -> None:
 
 
 def test_same_answers_as_a_local_engine(pool: ServerPool, model_path: str) -> None:
-    # The replicas' KV cells and batches are not the local engine's: greedy tokens are
-    # equal up to a near-tie (on some CPUs the floats differ).
+    # The replicas' KV cells and batches are not the local engine's, and the greedy
+    # tokens are the same all the same (up to a near-tie where a CPU's floor is not zero).
     greedy: dict[str, Any] = {"max_tokens": 12, "temp": 0, "logit_bias": NO_EOG}
     local = ServerActor.start(model_path=model_path, **OPTIONS)
     try:

@@ -1,6 +1,6 @@
 """Speculative decoding with n-gram drafts: the parts as plain functions, then the real
-model, where greedy output with speculation equals output without it (the near-tie
-rule of test_greedy.py), alone, with 8 slots, with stop strings, max_tokens, EOG, a
+model, where greedy output with speculation equals output without it (strictly where
+this CPU's floor is zero, as in test_greedy.py), alone, with 8 slots, with stop strings, max_tokens, EOG, a
 context shift and preemption; sampled output keeps its distribution; and no draft
 leaves a cell behind.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import pykka
 import pytest
-from helpers import NO_EOG, Recorder, compare, greedy_references, margins, same_greedy, wait_until
+from helpers import NO_EOG, Recorder, compare, cpu_floor, greedy_references, margins, same_greedy, wait_until
 
 from actors import (
     Cancel,
@@ -359,9 +359,10 @@ def test_stop_strings_and_max_tokens_end_a_run_of_drafts_where_they_would(start_
     )
     got = spec.ask(Generate(prompt, max_tokens=60, temp=0, logit_bias=NO_EOG, stop=[stop])).get(timeout=120)
     assert expected.stop_reason == "stop"
-    if got.text != expected.text:  # a near-tie before the stop string
+    if cpu_floor() > 0 and got.text != expected.text:  # a near-tie before the stop string
         same_greedy(reference, got.token_ids)
     else:
+        assert got.text == expected.text
         assert got.stop_reason == "stop" and got.stop_string == stop
     no_stray_cells(spec)
 
