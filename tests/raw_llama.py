@@ -36,11 +36,13 @@ class _Raw:
         n = self.lc.llama_tokenize(self.vocab, raw, len(raw), buf, 512, True, False)
         return list(buf[:n])
 
-    def context(self, flash: bool, n_threads: int) -> Any:
+    def context(self, flash: bool, n_threads: int, kv_f32: bool = False) -> Any:
         p = self.lc.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = 1024, 512, 512, 4, True
         p.n_threads = p.n_threads_batch = n_threads
         p.flash_attn_type = 1 if flash else 0
+        if kv_f32:
+            p.type_k = p.type_v = self.lc.GGML_TYPE_F32
         return self.lc.llama_init_from_model(self.model, p)
 
     def decode(self, ctx: Any, rows: list[tuple[int, int, int, bool]]) -> None:
@@ -56,11 +58,17 @@ class _Raw:
         return out.astype(np.float64)
 
     def trace(
-        self, layout: str | None, flash: bool, n_threads: int, steps: int, forced: list[int]
+        self,
+        layout: str | None,
+        flash: bool,
+        n_threads: int,
+        steps: int,
+        forced: list[int],
+        kv_f32: bool = False,
     ) -> list[np.ndarray]:
         """Seq 0 decodes PROMPT and then ``forced`` one token a step (greedy when empty),
         in ``layout``; the logits of each step."""
-        lc, ctx = self.lc, self.context(flash, n_threads)
+        lc, ctx = self.lc, self.context(flash, n_threads, kv_f32)
         prompt, other = self.tokens(PROMPT), self.tokens(OTHER)
         try:
             neighbours = []
@@ -128,3 +136,17 @@ def floor(model_path: str) -> float:
     """This CPU's floor: the largest move of a sequence's logits with its surroundings,
     flash attention on (the default), 1 and 2 threads."""
     return max(max(largest_moves(model_path, n_threads=t).values()) for t in (1, 2))
+
+
+def attention_errors(model_path: str, steps: int = 12) -> dict[str, float]:
+    """How far the default model's logits sit from an F32 KV cache without flash attention
+    (the most precise attention llama.cpp has), with the F16 cache: flash attention on,
+    and off. The mean over ``steps`` greedy steps of the largest |logit difference|."""
+    raw = _raw(model_path)
+    truth = raw.trace(None, False, 1, steps, [], kv_f32=True)
+    forced = [int(lg.argmax()) for lg in truth]
+    errors = {}
+    for name, flash in (("flash", True), ("no flash", False)):
+        got = raw.trace(None, flash, 1, steps, forced)
+        errors[name] = float(np.mean([np.abs(a - b).max() for a, b in zip(truth, got, strict=True)]))
+    return errors
