@@ -9,6 +9,7 @@ zero (``raw_llama.floor``, measured first); context shift is the documented exce
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import subprocess
@@ -154,12 +155,19 @@ def test_after_preemption(start_server: StartServer, floor: float, ram_mb: int) 
     tight = start_server(n_parallel=4, n_ctx=512, n_ctx_per_slot=512, prompt_cache_ram_mb=ram_mb)
     futures = [tight.ask(Generate(p, max_tokens=n, temp=0, logprobs=2, logit_bias=NO_EOG)) for p in prompts]
     got = [f.get(timeout=240) for f in futures]
-    assert "preempt" in [md["event"] for _, md in recorder.of("kv_pressure")]
+    events = [md["event"] for _, md in recorder.of("kv_pressure")]
+    assert "preempt" in events
     assert tight.ask(GetStats())["preemptions"] >= 1
-    if ram_mb:
-        assert "restore" in [md["event"] for _, md in recorder.of("ram_cache")]
+    ram = [md["event"] for _, md in recorder.of("ram_cache")]
+    if ram_mb:  # a preempted request's KV was saved, and restored when it resumed
+        assert ram.count("save") >= events.count("preempt") and "restore" in ram
+    else:
+        assert not ram
     for ref, completion in zip(refs, got, strict=True):
         same_numbers(ref, completion)
+    starts = [md["request_id"] for _, md in recorder.of("start")]
+    ends = [md["request_id"] for _, md in recorder.of("done") + recorder.of("exception")]
+    assert sorted(starts) == sorted(ends) == sorted(c.request_id for c in got)
 
 
 def seeded(prompt: str, **options: Any) -> Generate:
@@ -180,3 +188,28 @@ def test_a_seeded_request_gives_the_same_tokens_alone_or_beside_others(
             assert trace(b) == trace(a)
         else:
             assert b.token_ids[:4] == a.token_ids[:4]
+
+
+def test_the_engine_warns_when_the_guarantee_does_not_hold(
+    start_server: StartServer, model_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="llama_cpp_actors"):
+        start_server(n_parallel=1, flash_attn=False).ask(GetStats())
+    assert "flash attention is off" in caplog.text
+    # A llama.cpp without the patch (here: the patch turned off) says so at start.
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.WARNING); "
+        "from actors import ServerActor, GetStats; "
+        "ref = ServerActor.start(model_path=sys.argv[1], n_parallel=1, n_ctx=256); "
+        "ref.ask(GetStats()); ref.stop()"
+    )
+    env = {**os.environ, "GGML_CPU_FA_STOCK": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, model_path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "llama.cpp's stock kernel" in out.stderr

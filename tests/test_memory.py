@@ -15,7 +15,7 @@ import pykka
 import pytest
 from helpers import NO_EOG, Recorder, same_greedy
 
-from actors import Completion, Generate, GenerateTokens, GetStats, GetTokenizer, InvalidRequest, generate
+from actors import Generate, GenerateTokens, GetStats, GetTokenizer, InvalidRequest, generate
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 
@@ -50,43 +50,7 @@ def test_without_context_shift_generation_stops_at_the_slot_end(start_server: St
     assert completion.prompt_tokens + completion.generated_tokens == 256
 
 
-_UNCONTENDED: list[Completion] = []
-
-
-@pytest.mark.parametrize("ram_mb", [0, 64], ids=["recompute", "restore from RAM"])
-def test_kv_pressure_preempts_and_every_request_completes_with_the_same_output(
-    start_server: StartServer, ram_mb: int
-) -> None:
-    prompts = [f"List {i}: apples, pears," for i in range(4)]  # 9 tokens each
-    n = 128  # tokens each: 4 x 137 positions do not fit in 512 cells
-    # The same four requests at once with room for all: the same batch shapes until
-    # the tight engine first preempts (made once for both cases).
-    if not _UNCONTENDED:
-        roomy = start_server(n_parallel=4, n_ctx=2048, n_ctx_per_slot=512)
-        calm = [roomy.ask(Generate(p, max_tokens=n, temp=0, logprobs=2, logit_bias=NO_EOG)) for p in prompts]
-        _UNCONTENDED.extend(f.get(timeout=240) for f in calm)
-        roomy.stop()
-    uncontended = _UNCONTENDED
-    recorder = Recorder()
-    # 4 slots that may n grow to 512 tokens share 512 KV cells: they cannot all fit.
-    tight = start_server(n_parallel=4, n_ctx=512, n_ctx_per_slot=512, prompt_cache_ram_mb=ram_mb)
-    futures = [tight.ask(Generate(p, max_tokens=n, temp=0, logprobs=2, logit_bias=NO_EOG)) for p in prompts]
-    contended = [f.get(timeout=240) for f in futures]
-    events = [md["event"] for _, md in recorder.of("kv_pressure")]
-    assert "preempt" in events
-    assert tight.ask(GetStats())["preemptions"] >= 1
-    ram = [md["event"] for _, md in recorder.of("ram_cache")]
-    if ram_mb:  # n preempted request's KV was saved, and restored when it resumed
-        assert ram.count("save") >= events.count("preempt") and "restore" in ram
-    else:
-        assert not ram
-    per_request = [same_greedy(u, c.token_ids) for u, c in zip(uncontended, contended, strict=True)]
-    matched = sum(per_request)
-    assert matched >= 4 * n // 2
-    assert all(c.generated_tokens == n for c in contended)
-    starts = [md["request_id"] for _, md in recorder.of("start")]
-    ends = [md["request_id"] for _, md in recorder.of("done") + recorder.of("exception")]
-    assert sorted(starts) == sorted(ends) == sorted(c.request_id for c in contended)
+# Preemption, recomputed or restored from RAM, keeps every output: tests/test_invariance.py.
 
 
 def conversation(i: int, tokenizer: Any) -> list[int]:

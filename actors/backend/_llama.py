@@ -13,6 +13,7 @@ render) and ``_readers`` (the vocabulary lock).
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import math
@@ -76,6 +77,7 @@ def llama_cpp_version() -> str:
     return str(_lc.__version__)
 
 
+@functools.cache
 def exact_attention() -> bool:
     """Whether llama.cpp's CPU flash attention is the batch-invariant one (thread-safe).
 
@@ -85,19 +87,12 @@ def exact_attention() -> bool:
     cache path rests on it (``docs/design/invariance.md``). A stock llama-cpp-python
     lacks the symbol; ``GGML_CPU_FA_STOCK=1`` in the environment turns the patch off.
     """
-    global _EXACT
-    if _EXACT is None:
-        _EXACT = False
-        for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
-            path = Path(_lc.__file__).parent / "lib" / name
-            if path.exists():
-                probe = getattr(ctypes.CDLL(str(path)), "ggml_cpu_flash_attn_exact", None)
-                _EXACT = probe is not None and bool(probe())
-                break
-    return _EXACT
-
-
-_EXACT: bool | None = None
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        path = Path(_lc.__file__).parent / "lib" / name
+        if path.exists():
+            probe = getattr(ctypes.CDLL(str(path)), "ggml_cpu_flash_attn_exact", None)
+            return probe is not None and bool(probe())
+    return False
 
 
 EMBED_LANES = 32
