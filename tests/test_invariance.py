@@ -163,6 +163,7 @@ def test_after_preemption(start_server: StartServer, floor: float, ram_mb: int) 
         assert ram.count("save") >= events.count("preempt") and "restore" in ram
     else:
         assert not ram
+    assert all(c.generated_tokens == n for c in got)
     for ref, completion in zip(refs, got, strict=True):
         same_numbers(ref, completion)
     starts = [md["request_id"] for _, md in recorder.of("start")]
