@@ -17,7 +17,8 @@ signal                 measurements                                  metadata
                        ``prefill_tokens``, ``active_slots``,         ``SlotSample``, one
                        ``queue_depth``, ``eval_ms``,                 per slot
                        ``kv_cells_used``, ``kv_cells_total``,
-                       ``draft_tokens``, ``draft_accepted``
+                       ``drafts``, ``draft_tokens``,
+                       ``draft_accepted``
 ``request_start``      ``prompt_tokens``, ``prefix_cache_tokens``    ``request_id``,
                                                                      ``seq_id``, ``mode``
 ``request_done``       ``prompt_tokens``, ``generated_tokens``,      ``request_id``,
@@ -53,7 +54,8 @@ Units: ``*_ms`` are milliseconds (``eval_ms`` is the time inside ``llama_decode`
 rates are tokens per second; ``mode`` is ``"generate"`` or ``"stream"``;
 ``prefix_cache_ratio`` is ``prefix_cache_tokens / prompt_tokens``; ``reason`` is the
 error's message. ``draft_tokens`` are draft tokens verified (speculative decoding; 0
-without it) and ``draft_accepted`` those of them that were right; the tick's
+without it) and ``draft_accepted`` those of them that were right; the tick's ``drafts``
+counts the drafts verified (one per slot that had one); the tick's
 ``decode_tokens`` counts slots decoding, its ``batch_size`` their drafts too.
 """
 

@@ -752,6 +752,41 @@ def test_hostile_fields_are_400s_not_500s(running: Running) -> None:
     assert wrong_method.status_code == 405 and "POST" in wrong_method.headers["allow"]
 
 
+@pytest.mark.parametrize(
+    "field", ["temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"]
+)
+def test_an_integer_past_the_float_range_is_a_400(running: Running, field: str) -> None:
+    # JSON integers have any number of digits; float() of 10**400 overflows.
+    huge = b"1" + b"0" * 400
+    for path, body in (
+        ("/completion", b'{"prompt": "hi", "n_predict": 1, "%s": %s}' % (field.encode(), huge)),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (field.encode(), huge),
+        ),
+    ):
+        response = httpx.post(running.url + path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400, (path, response.text[:200])
+        assert field in response.json()["error"]["message"]
+    bias = b'{"prompt": "hi", "n_predict": 1, "logit_bias": {"15": %s}}' % huge
+    response = httpx.post(
+        running.url + "/completion", content=bias, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and "logit_bias" in response.json()["error"]["message"]
+
+
+def test_a_lone_surrogate_from_a_client_goes_back_escaped_never_as_a_500(running: Running) -> None:
+    response = httpx.post(
+        running.url + "/v1/embeddings",
+        content=b'{"input": "hi", "model": "a\\ud800b"}',
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code in (200, 400), response.text[:200]
+    assert response.headers["content-type"].startswith("application/json")
+    response.json()  # valid JSON: the surrogate, if echoed, is an escape
+    assert "\\ud800".encode() in response.content or response.status_code == 200
+
+
 def test_load_gauges_follow_cancels(running: Running) -> None:
     streams = []
     for _ in range(3):

@@ -153,6 +153,17 @@ def test_a_missing_or_unknown_model_is_llama_servers_400(router: Running) -> Non
         "model 'nope' not found",
     )
     assert _error(httpx.post(url, json={"model": 7, "messages": CHAT}, timeout=30))[0] == 400
+    # A lone surrogate (JSON's "\\ud800") is named back escaped, in our JSON error, on every
+    # routed endpoint; it was a plain-text 500 while the message was encoded.
+    for path in ("/v1/chat/completions", "/completion", "/v1/embeddings", "/tokenize"):
+        response = httpx.post(
+            router.url + path,
+            content=b'{"model": "a\\ud800", "messages": [], "prompt": "x", "input": "x", "content": "x"}',
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert _error(response) == (400, "model 'a\ud800' not found"), (path, response.text[:200])
+        assert b"a\\ud800" in response.content
     assert _error(httpx.get(router.url + "/slots", params={"model": "nope"}, timeout=30))[0] == 400
     assert _error(httpx.get(router.url + "/slots", timeout=30)) == (
         400,

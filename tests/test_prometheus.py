@@ -139,3 +139,28 @@ def test_a_model_managers_engines_are_exported_by_model(model_path: str) -> None
     assert value(samples, "model_loads_total", replica="chat") == 1
     unloads = ("llama_cpp_actors_model_unloads_total", (("model", "other"), ("reason", "unloaded")))
     assert samples[unloads] == 1
+
+
+def test_llama_servers_speculative_counters_count(start_server: Any) -> None:
+    # They stayed 0 while llama_cpp_actors_draft_tokens_total counted (a hostile review).
+    from test_speculative import GROUNDED, AllDrafts
+
+    from actors.http._metrics import Metrics
+
+    metrics = Metrics()
+    try:
+        spec = start_server(n_parallel=2, spec_type="ngram", batch_strategy=AllDrafts())
+        done = [spec.ask(Generate(p, max_tokens=32, temp=0, logit_bias=NO_EOG)) for p in GROUNDED[:2]]
+        stats = spec.ask(GetStats())
+        text = metrics.render(stats)
+    finally:
+        metrics.close()
+    counters = {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("llamacpp:")
+    }
+    drafted = sum(d.draft_tokens for d in done)
+    assert drafted > 0 and stats["draft_tokens"] == drafted
+    assert counters["llamacpp:spec_decode_num_draft_tokens_total"] == drafted
+    assert counters["llamacpp:spec_decode_num_accepted_tokens_total"] == sum(d.draft_accepted for d in done)
+    # one draft per slot and tick that verified one: between one per request and one per token
+    assert len(done) <= counters["llamacpp:spec_decode_num_drafts_total"] <= drafted

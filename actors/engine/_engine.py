@@ -85,7 +85,7 @@ class Engine(Admission):
             return
         segments = lay_out(plan, busy, self._arrays)
         self._eval_s = 0.0
-        self._drafted_now = self._accepted_now = 0
+        self._drafted_now = self._accepted_now = self._drafts_now = 0
         self._forward(segments, purge_allowed=True)
         if telemetry.tick.receivers:
             self._emit_tick(segments)
@@ -232,6 +232,7 @@ class Engine(Admission):
                 "active_slots": sum(1 for s in self.slots if s.state is not SlotState.IDLE),
                 "queue_depth": len(self.waiting),
                 "eval_ms": self._eval_s * 1000.0,
+                "drafts": self._drafts_now,
                 "draft_tokens": self._drafted_now,
                 "draft_accepted": self._accepted_now,
                 **self._kv_use(),

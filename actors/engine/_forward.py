@@ -150,6 +150,7 @@ class ForwardPass(Sampling):
             self.draft_tokens += len(drafts)
             self.draft_accepted += accepted
             self._drafted_now += len(drafts)
+            self._drafts_now += 1
             self._accepted_now += accepted
             if request.acceptance is not None:
                 request.acceptance.of(kind).verified(len(drafts), accepted)

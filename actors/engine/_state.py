@@ -129,6 +129,7 @@ class EngineState:
         self.draft_accepted = 0
         self._drafted_now = 0  # this tick's, for the tick signal
         self._accepted_now = 0
+        self._drafts_now = 0  # drafts verified this tick (one per slot that had one)
 
     @property
     def has_work(self) -> bool:

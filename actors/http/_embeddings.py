@@ -24,6 +24,7 @@ from starlette.responses import Response
 from actors import Embed, Tokenizer, aembed_result
 from actors.http._errors import HttpError
 from actors.http._native import json_response
+from actors.http._params import echoed_model
 from actors.http._service import routed
 
 __all__ = ["embeddings", "embeddings_oai"]
@@ -146,11 +147,10 @@ async def embeddings_oai(request: Request) -> Response:
             data.append(entry)
         else:
             data.append({"embedding": vector.tolist(), "index": i, "object": "embedding"})
-    model = body.get("model")
     n_tokens = result.total_tokens
     return json_response(
         {
-            "model": model if isinstance(model, str) else service.model_ids[0],
+            "model": echoed_model(body, service.model_ids[0]),
             "object": "list",
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
             "data": data,

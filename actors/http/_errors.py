@@ -22,7 +22,11 @@ from actors import (
     RequestTimeout,
 )
 
-__all__ = ["HttpError", "error_body", "error_response", "from_engine_error"]
+__all__ = ["UTF8_JSON", "HttpError", "error_body", "error_response", "from_engine_error"]
+
+UTF8_JSON = ("utf-8", "backslashreplace")
+"""How JSON text becomes bytes: UTF-8, and a lone surrogate (``json.loads`` makes one from a
+client's ``"\\ud83d"``) as its JSON escape again, where ``encode()`` would raise."""
 
 # llama-server's error types (server-common.h, format_error_response).
 _TYPES = {
@@ -67,7 +71,7 @@ def error_body(
     the status's; ``extra``: more fields beside ``message``)."""
     error = {"code": status, "message": message, "type": kind or _TYPES.get(status, "server_error")}
     payload = {"error": {**error, **(extra or {})}}
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode(*UTF8_JSON)
 
 
 def error_response(error: HttpError) -> Response:

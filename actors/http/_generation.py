@@ -24,7 +24,7 @@ from actors import (
     agenerate,
     astream_events,
 )
-from actors.http._errors import HttpError, error_body, from_engine_error
+from actors.http._errors import UTF8_JSON, HttpError, error_body, from_engine_error
 from actors.http._service import Service
 from actors.http._stream import unless_disconnected
 
@@ -53,8 +53,9 @@ _MARK_JSON = _ENCODER.encode(_MARK).encode()
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON, UTF-8 (as llama-server sends it)."""
-    return _ENCODER.encode(value).encode()
+    """Compact JSON, UTF-8 (as llama-server sends it); a lone surrogate from a client's
+    string goes out as its JSON escape (``\\ud83d``), never as an error."""
+    return _ENCODER.encode(value).encode(*UTF8_JSON)
 
 
 def sse(value: Any) -> bytes:
@@ -85,7 +86,7 @@ class TextEvents:
             parts = self._parts[index] = (head, rest[0]) if len(rest) == 1 else None
         if parts is None:
             return sse(self._make(text, index))
-        return parts[0] + _encode_string(text).encode() + parts[1]
+        return parts[0] + _encode_string(text).encode(*UTF8_JSON) + parts[1]
 
 
 def _engine(service: Service) -> Any:

@@ -81,6 +81,9 @@ class Metrics:
             v["n_decode_total"] += 1
             v["n_tokens_max"] = max(v["n_tokens_max"], measurements["batch_size"])
             self._busy_slots += measurements["active_slots"]
+            v["spec_decode_num_drafts_total"] += measurements["drafts"]
+            v["spec_decode_num_draft_tokens_total"] += measurements["draft_tokens"]
+            v["spec_decode_num_accepted_tokens_total"] += measurements["draft_accepted"]
 
     def render(self, stats: Mapping[str, Any]) -> str:
         """llama-server's metrics, then this engine's (Prometheus text format); the

@@ -38,6 +38,7 @@ from actors.http._params import (
     chat_messages,
     choices_count,
     continuation,
+    echoed_model,
     max_tokens,
     probabilities,
     sampling_options,
@@ -122,18 +123,6 @@ def _response_format(value: object) -> dict[str, Any]:
     return {"json_schema": schema}
 
 
-def _model(service: Service, body: Mapping[str, Any]) -> str:
-    """The model name echoed back: the request's, if it is a sensible name, else ours."""
-    model = body.get("model")
-    if isinstance(model, str) and 0 < len(model) <= 256 and model.isprintable():
-        try:
-            model.encode("utf-8")  # a lone surrogate cannot be sent back
-            return model
-        except UnicodeEncodeError:
-            pass
-    return service.model_ids[0]
-
-
 def _usage(groups: Sequence[Sequence[Completion]]) -> dict[str, Any]:
     """OpenAI's ``usage`` of each prompt's choices: a prompt is counted once (its first
     choice's, which prefilled it), the completions of every choice."""
@@ -175,7 +164,7 @@ async def completions(request: Request) -> Response | EventStream:
     options = _options(service, body, chat=False)
     post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)
-    cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", _model(service, body)
+    cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", echoed_model(body, service.model_ids[0])
     if body.get("stream") is not True:
         groups = await complete_all(service, request, prompts, options)
         # llama-server's order: each prompt's n choices in turn, indexed across them all.
@@ -277,7 +266,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
     options = {**_options(service, body, chat=True), **turn}
     post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)
-    cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", _model(service, body)
+    cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", echoed_model(body, service.model_ids[0])
     if body.get("stream") is not True:
         dones = await complete(service, request, prompt=None, messages=messages, options=options)
         choices: list[dict[str, Any]] = []

@@ -21,6 +21,7 @@ __all__ = [
     "chat_messages",
     "choices_count",
     "continuation",
+    "echoed_model",
     "max_tokens",
     "probabilities",
     "sampling_options",
@@ -74,15 +75,28 @@ def _show(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _finite(value: object) -> float | None:
+    """A JSON number as a finite float, or ``None``: not a number, a boolean, infinite, or an
+    integer past the float range (JSON integers have any number of digits)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _number(body: Mapping[str, Any], name: str) -> float | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(f"'{name}' must be a number")
-    if not math.isfinite(value):
-        raise _fail(f"'{name}' must be finite")
-    return float(value)
+    number = _finite(value)
+    if number is None:
+        raise _fail(f"'{name}' must be a finite number within the float range")
+    return number
 
 
 def _int(body: Mapping[str, Any], name: str) -> int | None:
@@ -135,12 +149,13 @@ def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int
         raise _fail(f"logit_bias text keys may have at most {_MAX_BIAS_TEXT} characters in all")
     bias: dict[int, float] = {}
     for key, raw in pairs:
+        finite = _finite(raw)
         if raw is False:
             amount = -math.inf
-        elif isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        elif finite is None:
             raise _fail(f"logit_bias for {_show(key)} must be a finite number or false")
         else:
-            amount = float(raw)
+            amount = finite
         if isinstance(key, bool) or not isinstance(key, int | str):
             raise _fail(f"a logit_bias token must be a token id or a string, got {_show(key)}")
         if isinstance(key, int):
@@ -152,6 +167,19 @@ def _logit_bias(value: object, tokenize: Callable[[str], list[int]]) -> dict[int
         for token in ids:
             bias[token] = amount
     return bias or None
+
+
+def echoed_model(body: Mapping[str, Any], default: str) -> str:
+    """The model name a response echoes: the request's, if it is a sensible name (a
+    printable string of at most 256 characters, valid Unicode), else ``default``."""
+    model = body.get("model")
+    if isinstance(model, str) and 0 < len(model) <= 256 and model.isprintable():
+        try:
+            model.encode("utf-8")  # not a lone surrogate
+            return model
+        except UnicodeEncodeError:
+            pass
+    return default
 
 
 def max_tokens(requested: int | None, limits: Limits) -> int:
