@@ -256,6 +256,33 @@ def test_a_model_that_fails_to_load_fails_only_its_own_requests(
         manager.register("missing", model_path=str(tmp_path / "missing.gguf"))
 
 
+def test_a_model_whose_load_failed_unloads_no_working_model_to_try_again(
+    managers: Callable[..., ModelManager], tmp_path: Path, tiny_model: str
+) -> None:
+    # A hostile review: two requests for a broken file unloaded both good models (one each).
+    broken = tmp_path / "truncated.gguf"
+    broken.write_bytes(Path(tiny_model).read_bytes()[:2_000_000])
+    tiny = {"model_path": tiny_model, "n_ctx": 512, "n_parallel": 1}
+    manager = managers(
+        {"broken": {"model_path": str(broken), "n_ctx": 512, "n_parallel": 1}, "a": tiny, "b": tiny},
+        max_models=2,
+    )
+    generate(manager, "Hi", max_tokens=2, model="a", timeout=60)
+    with pytest.raises(EngineStopped, match="could not load"):  # its first try may take a's place
+        generate(manager, "Hi", max_tokens=2, model="broken", timeout=60)
+    generate(manager, "Hi", max_tokens=2, model="b", timeout=60)
+    wait_for(lambda: states(manager)["broken"] in ("failed", "unloaded"))
+    loaded = {name for name, state in states(manager).items() if state == "ready"}
+    if len(loaded) < 2:
+        generate(manager, "Hi", max_tokens=2, model="a", timeout=60)
+    working = {name for name, state in states(manager).items() if state == "ready"}
+    assert working == {"a", "b"}
+    for _ in range(2):  # again and again: refused, and nobody unloaded for it
+        with pytest.raises(ModelLoadError, match="failed to load last time"):
+            generate(manager, "Hi", max_tokens=2, model="broken", timeout=60)
+        assert {name for name, state in states(manager).items() if state == "ready"} == {"a", "b"}
+
+
 def test_the_tiny_model_and_async_helpers(managers: Callable[..., ModelManager], tiny_model: str) -> None:
     manager = managers(
         {"smol": SMALL, "tiny": {"model_path": tiny_model, "n_ctx": 512, "n_parallel": 2}},

@@ -150,13 +150,15 @@ def test_llama_servers_speculative_counters_count(start_server: Any) -> None:
     metrics = Metrics()
     try:
         spec = start_server(n_parallel=2, spec_type="ngram", batch_strategy=AllDrafts())
-        done = [spec.ask(Generate(p, max_tokens=32, temp=0, logit_bias=NO_EOG)) for p in GROUNDED[:2]]
+        futures = [spec.ask(Generate(p, max_tokens=32, temp=0, logit_bias=NO_EOG)) for p in GROUNDED[:2]]
+        done = [f.get(timeout=240) for f in futures]
         stats = spec.ask(GetStats())
         text = metrics.render(stats)
     finally:
         metrics.close()
     counters = {
-        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("llamacpp:")
+        name: float(number)
+        for name, number in (line.split(" ") for line in text.splitlines() if line.startswith("llamacpp:"))
     }
     drafted = sum(d.draft_tokens for d in done)
     assert drafted > 0 and stats["draft_tokens"] == drafted

@@ -17,6 +17,8 @@ from actors import (
     EngineError,
     EngineStopped,
     InvalidRequest,
+    MemoryBudgetExceeded,
+    ModelLoadError,
     PromptTooLong,
     QueueFull,
     RequestTimeout,
@@ -89,13 +91,17 @@ def error_response(error: HttpError) -> Response:
 
 def from_engine_error(error: EngineError) -> HttpError:
     """The HTTP face of an engine error: 400 for a bad request, 503 while the engine
-    cannot take it (full queue, stopped, draining, no answer in time), 500 for a
-    failure of the engine itself."""
+    cannot take it (full queue, stopped, draining, no answer in time, a model that cannot
+    load now: the memory budget, ``--models-max``, a file that failed), 500 for a failure
+    of the engine itself."""
     if isinstance(error, PromptTooLong):  # llama-server's own type, with the numbers
         numbers = {"n_prompt_tokens": error.n_prompt_tokens, "n_ctx": error.n_ctx}
         return HttpError(400, str(error), kind="exceed_context_size_error", extra=numbers)
     if isinstance(error, InvalidRequest | ConfigError):
         return HttpError(400, str(error))
-    if isinstance(error, QueueFull | EngineStopped | RequestTimeout):
+    if isinstance(error, MemoryBudgetExceeded):
+        numbers = {"needed_mb": round(error.needed_mb), "budget_mb": round(error.budget_mb)}
+        return HttpError(503, str(error), extra=numbers)
+    if isinstance(error, QueueFull | EngineStopped | RequestTimeout | ModelLoadError):
         return HttpError(503, str(error))
     return HttpError(500, f"the engine failed: {error}")

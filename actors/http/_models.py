@@ -15,10 +15,10 @@ from starlette.responses import Response
 
 import actors
 from actors import ModelLoadError
-from actors.http._errors import HttpError
+from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import dumps
 from actors.http._service import Service
-from actors.http._views import RUNNING, ModelViews, load_refusal, model_states
+from actors.http._views import RUNNING, ModelViews, model_states
 
 __all__ = ["listing", "load", "router_props", "unload"]
 
@@ -111,7 +111,7 @@ async def load(request: Request) -> Response:
     try:
         await service.call(views.manager.load, name)
     except ModelLoadError as e:
-        raise load_refusal(e) from None
+        raise from_engine_error(e) from None
     return _json({"success": True})
 
 

@@ -27,14 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import telemetry
-from actors import EngineStopped, GetInfo, GetStats, GetTokenizer, MemoryBudgetExceeded, ModelLoadError
-from actors.http._errors import HttpError
+from actors import EngineStopped, GetInfo, GetStats, GetTokenizer, ModelLoadError
+from actors.http._errors import HttpError, from_engine_error
 from actors.http._settings import HttpSettings
 
 if TYPE_CHECKING:
     from actors.http._service import Service
 
-__all__ = ["RUNNING", "ModelViews", "load_refusal", "model_states"]
+__all__ = ["RUNNING", "ModelViews", "model_states"]
 
 _LOAD_TIMEOUT_S = 600.0  # a model's first request waits this long for it to load
 _CALL_TIMEOUT_S = 30.0
@@ -60,14 +60,6 @@ def model_states(manager: Any) -> dict[str, dict[str, Any]]:
     """Every model's entry of the manager's ``GetStats`` (a control thread)."""
     models: dict[str, dict[str, Any]] = manager.ask(GetStats(), timeout=_STATS_TIMEOUT_S)["models"]
     return models
-
-
-def load_refusal(error: ModelLoadError) -> HttpError:
-    """A model the manager will not load now (the budget, ``--models-max``): 503."""
-    if isinstance(error, MemoryBudgetExceeded):
-        numbers = {"needed_mb": round(error.needed_mb), "budget_mb": round(error.budget_mb)}
-        return HttpError(503, str(error), extra=numbers)
-    return HttpError(503, str(error))
 
 
 class _ModelEngine:
@@ -222,7 +214,7 @@ class ModelViews:
                         return
                     except ModelLoadError as e:
                         if late or not await self.root.call(self._may_free, name):
-                            raise load_refusal(e) from None
+                            raise from_engine_error(e) from None
                 if not self._waiting.get(name):  # its clients all left: it takes no one's place
                     raise HttpError(503, f"every request for model '{name}' left while it waited")
                 if not queued:
@@ -286,7 +278,7 @@ class ModelViews:
         except ModelLoadError as e:
             if not autoload:  # the manager's autoload is off and the model is not loaded
                 raise HttpError(400, "model is not loaded") from None
-            raise load_refusal(e) from None
+            raise from_engine_error(e) from None
         view = type(self.root)(self.settings[name], lambda: handle, parent=self.root)
         view.engine, view.info, view.stats, view.tokenizer = handle, dict(info), dict(stats), tokenizer
         view.ready = True

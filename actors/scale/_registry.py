@@ -236,7 +236,8 @@ class ManagerActor(pykka.ThreadingActor):
 
     def _load(self, model: Model) -> None:
         """Start the model's engine (its model loads in the engine's thread), first
-        unloading idle models, least recently used first, when it would not fit."""
+        unloading idle models, least recently used first, when it would not fit (not for a
+        model whose last load failed: it loads again only where there is room)."""
         try:
             # The file is read again: it may have changed since it was registered.
             model.estimate = times(estimate_options(model.checked), model.replicas)
@@ -245,6 +246,12 @@ class ManagerActor(pykka.ThreadingActor):
             raise
         needed = model.estimate.total_mb
         victims = self._victims(model, needed)
+        if victims and model.last_error is not None:
+            # Its last load failed: it may try again, but not at the cost of models that work.
+            raise ModelLoadError(
+                f"model {model.name!r} failed to load last time ({model.last_error}); it loads "
+                "again only when it fits without unloading another model"
+            )
         for victim in victims:
             self._unload(victim, "evicted")
         for token in [t for t, (_, stopper) in self._stopping.items() if stopper.is_alive()]:
