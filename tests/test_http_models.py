@@ -92,9 +92,9 @@ def test_a_model_that_cannot_load_now_is_a_503_on_every_path() -> None:
 
     full = from_engine_error(ModelLoadError("model 'b' cannot load: 2 models are loaded (max_models=2)"))
     assert (full.status, full.message) == (503, "model 'b' cannot load: 2 models are loaded (max_models=2)")
-    budget = from_engine_error(MemoryBudgetExceeded("no room", needed_mb=120.4, budget_mb=100.0, held_mb=90.0))
+    refused = MemoryBudgetExceeded("no room", needed_mb=120.4, budget_mb=100.0, held_mb=90.0)
+    budget = from_engine_error(refused)
     assert (budget.status, budget.extra) == (503, {"needed_mb": 120, "budget_mb": 100})
-
 
 
 def test_requests_go_to_the_model_they_name(router: Running) -> None:
