@@ -769,6 +769,37 @@ def test_an_integer_past_the_float_range_is_a_400(running: Running, field: str) 
     assert response.status_code == 400 and "logit_bias" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "prompt",
+    [["All work and no play makes Jack a dull boy. " * 88_000, 1], [7] * 1_000_000],
+    ids=["3.9 MB text piece", "a million ids"],
+)
+def test_a_huge_prompt_is_prepared_off_the_event_loop(running: Running, prompt: list[Any]) -> None:
+    # A hostile review: its text piece was tokenized (or its ids checked) on the event loop,
+    # and /health took 0.85-1.3 s to answer meanwhile.
+    body = json.dumps({"prompt": prompt, "n_predict": 1}).encode()
+    assert len(body) < (4 << 20)
+    sent: dict[str, float] = {}
+
+    def send() -> None:
+        start = time.perf_counter()
+        headers = {"content-type": "application/json"}
+        response = httpx.post(running.url + "/completion", content=body, headers=headers, timeout=120)
+        sent["status"], sent["s"] = response.status_code, time.perf_counter() - start
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    waits = []
+    while sender.is_alive():
+        start = time.perf_counter()
+        assert httpx.get(running.url + "/health", timeout=30).status_code == 200
+        waits.append(time.perf_counter() - start)
+        time.sleep(0.01)
+    sender.join()
+    assert sent["status"] == 400  # past the context: refused once tokenized
+    assert len(waits) >= 3 and max(waits) < max(0.25, sent["s"] / 4), (max(waits), sent["s"])
+
+
 def test_a_model_name_that_is_not_valid_unicode_is_never_echoed(running: Running) -> None:
     # /v1/embeddings echoed any string (a lone surrogate made its reply a 500); every
     # endpoint now echoes the request's name only when it is a sensible one, as chat does.

@@ -198,8 +198,10 @@ async def completion(request: Request) -> Response | EventStream:
     body = await _body(request)
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required")
-    prompts = prompts_of(body["prompt"], service.tokenize)
-    options = completion_options(service, body)
+    # Off the event loop: a prompt's text pieces are tokenized, its ids checked.
+    prompts, options = await service.run(
+        lambda: (prompts_of(body["prompt"], service.tokenize), completion_options(service, body))
+    )
     streaming, per_token = stream_options(body)
     stream = body.get("stream") is True
     return_tokens = body.get("return_tokens") is True

@@ -160,8 +160,10 @@ async def completions(request: Request) -> Response | EventStream:
         raise HttpError(400, "the request body must be a JSON object")
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required")
-    prompts = prompts_of(body["prompt"], service.tokenize)
-    options = _options(service, body, chat=False)
+    # Off the event loop: a prompt's text pieces are tokenized, its ids checked.
+    prompts, options = await service.run(
+        lambda: (prompts_of(body["prompt"], service.tokenize), _options(service, body, chat=False))
+    )
     post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)
     cmpl_id, model = f"cmpl-{secrets.token_hex(12)}", echoed_model(body, service.model_ids[0])
@@ -255,15 +257,22 @@ async def _completion_events(
     yield _DONE
 
 
+def _chat_request(
+    service: Service, body: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """A chat body's messages, its continuation and its engine options (a work thread)."""
+    messages = chat_messages(body.get("messages"))
+    turn = continuation(body, messages)
+    return messages, turn, {**_options(service, body, chat=True), **turn}
+
+
 async def chat_completions(request: Request) -> Response | EventStream:
     """``POST /v1/chat/completions``: OpenAI's chat completion, rendered with the model's template."""
     service = await routed(request)
     body = request.state.json
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
-    messages = chat_messages(body.get("messages"))
-    turn = continuation(body, messages)
-    options = {**_options(service, body, chat=True), **turn}
+    messages, turn, options = await service.run(_chat_request, service, body)  # off the event loop
     post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)
     cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", echoed_model(body, service.model_ids[0])
