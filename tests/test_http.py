@@ -25,6 +25,7 @@ from helpers import same_greedy, wait_until
 
 from actors import Chat, GetStats, GetTokenizer, ServerActor, generate
 from actors.http import HttpSettings, create_app
+from actors.http._serve import uvicorn_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,7 +38,7 @@ class Running:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", http="h11")  # as serve()
+        config = uvicorn_config(self.app, settings)  # as serve()
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
@@ -558,6 +559,100 @@ def test_a_full_queue_is_a_503_with_retry_after(model_path: str) -> None:
             refused = httpx.post(server.url + "/completion", json={"prompt": "x", "n_predict": 1})
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["type"] == "unavailable_error"
+    finally:
+        server.stop()
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (EOF or a reset)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_silent_connections_lock_nobody_out(model_path: str) -> None:
+    # A hostile review: 2,100 connections that sent nothing filled uvicorn's 2,048 and kept
+    # every later request out (a plain-text 503, /health too), and none was ever closed.
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 6000 <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (6000, hard))
+    elif soft < 6000:
+        pytest.skip(f"needs 6000 file descriptors, the limit is {hard}")
+    settings = HttpSettings(header_timeout_s=2.0)
+    server = Running(settings, lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512))
+    port = int(server.url.rsplit(":", 1)[1])
+    silent: list[socket.socket] = []
+    try:
+        server.wait_ready()
+        for _ in range(2100):
+            silent.append(socket.create_connection(("127.0.0.1", port)))
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-")  # half a head
+        silent.append(half)
+        opened = time.monotonic()
+        # Another client (another address): refused in JSON while they hold the limit,
+        # then served once they are closed, within the header timeout and a little.
+        victim = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10)
+        statuses = []
+        while time.monotonic() - opened < 10:
+            response = victim.get(server.url + "/health")
+            statuses.append(response.status_code)
+            if response.status_code == 200:
+                break
+            assert response.status_code == 503 and response.json()["error"]["type"] == "unavailable_error"
+            assert response.headers["retry-after"] == "1"
+            time.sleep(0.2)
+        served_after = time.monotonic() - opened
+        assert statuses[-1] == 200 and served_after < settings.header_timeout_s + 3, (statuses, served_after)
+        # Every silent connection is closed, the half-sent one too.
+        deadline = opened + settings.header_timeout_s + 3
+        assert all(_closed_within(sock, max(deadline - time.monotonic(), 0.01)) for sock in silent)
+        # One address may hold a quarter of the connections: past it, a JSON 503 on its request.
+        most = settings.max_connections_per_client
+        assert most == 2048 // 4
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(most)]
+        try:
+            local = httpx.get(server.url + "/health", timeout=10)
+            assert local.status_code == 503 and "the limit per client" in local.json()["error"]["message"]
+            assert victim.get(server.url + "/health").status_code == 200  # other addresses are served
+        finally:
+            for sock in held:
+                sock.close()
+    finally:
+        for sock in silent:
+            sock.close()
+        server.stop()
+
+
+def test_one_api_key_has_at_most_its_share_of_requests_in_flight(model_path: str) -> None:
+    settings = HttpSettings(api_keys=("a", "b"), max_connections_per_client=1)
+    server = Running(settings, lambda: ServerActor.start(model_path=model_path, n_parallel=2, n_ctx=1024))
+    try:
+        server.wait_ready()
+        body = {"prompt": "Go on", "n_predict": 300, "stream": True, "ignore_eos": True}
+        small = {"prompt": "x", "n_predict": 1}
+        key_a = {"Authorization": "Bearer a"}
+        url = server.url + "/completion"
+
+        def elsewhere(address: str) -> httpx.Client:  # another address: the bound per address is not hit
+            return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=60)
+
+        with httpx.stream("POST", url, json=body, headers=key_a, timeout=60) as busy:
+            lines = busy.iter_lines()
+            next(lines)
+            again = elsewhere("127.0.0.2").post(url, json=small, headers=key_a)
+            assert again.status_code == 503, again.text
+            assert "this API key has 1 requests in flight" in again.json()["error"]["message"]
+            assert elsewhere("127.0.0.3").post(url, json=small, headers={"X-Api-Key": "b"}).status_code == 200
+        retry = elsewhere("127.0.0.2")
+        wait_until(lambda: retry.post(url, json=small, headers=key_a).status_code == 200, seconds=30)
     finally:
         server.stop()
 

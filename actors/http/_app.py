@@ -157,6 +157,7 @@ class _Gate:
         self.app = app
         self.service = service
         self.keys = [key.encode() for key in service.settings.api_keys]
+        self.per_key: dict[bytes, int] = {}  # requests in flight by API key
 
     def _allow_origin(self, headers: Mapping[bytes, bytes]) -> bytes | None:
         settings = self.service.settings
@@ -171,12 +172,14 @@ class _Gate:
         # A header may name one origin: the request's, when it is on the list.
         return origin if origin and origin.decode("latin-1") in allowed else None
 
-    def _key_ok(self, headers: Mapping[bytes, bytes]) -> bool:
+    def _key_of(self, headers: Mapping[bytes, bytes]) -> bytes | None:
+        """The API key the request gives, if it is one of ours."""
         given = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
         if given.startswith(b"Bearer "):
             given = given[len(b"Bearer ") :]
         # Every key is compared, each in constant time: no timing tells which one nearly matched.
-        return sum(hmac.compare_digest(given, key) for key in self.keys) > 0
+        matches = [key for key in self.keys if hmac.compare_digest(given, key)]
+        return matches[0] if matches else None
 
     async def _reply(self, send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]]) -> None:
         body = error_body(status, message)
@@ -214,9 +217,16 @@ class _Gate:
         if not service.ready:
             await self._reply(send, 503, "Loading model", cors)
             return
-        if self.keys and scope["path"] not in _PUBLIC and not self._key_ok(headers):
-            await self._reply(send, 401, "Invalid API Key", cors)
-            return
+        key = None
+        if self.keys and scope["path"] not in _PUBLIC:
+            key = self._key_of(headers)
+            if key is None:
+                await self._reply(send, 401, "Invalid API Key", cors)
+                return
+            most = settings.max_connections_per_client
+            if most and self.per_key.get(key, 0) >= most:
+                await self._reply(send, 503, f"this API key has {most} requests in flight, its limit", cors)
+                return
         if service.draining:
             await self._reply(send, 503, "the server is shutting down", cors)
             return
@@ -232,6 +242,8 @@ class _Gate:
 
         task = asyncio.current_task()
         service.in_flight += 1
+        if key is not None:
+            self.per_key[key] = self.per_key.get(key, 0) + 1
         if task is not None:
             service.tasks.add(task)
         try:
@@ -253,6 +265,10 @@ class _Gate:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             service.in_flight -= 1
+            if key is not None:
+                self.per_key[key] -= 1
+                if not self.per_key[key]:
+                    del self.per_key[key]
             if task is not None:
                 service.tasks.discard(task)
             if service.views is not None:  # router mode: the model this request held is free

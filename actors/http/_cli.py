@@ -102,6 +102,15 @@ _VERBOSITY = ("critical", "error", "warning", "info", "debug")  # llama.cpp's 0-
 _MAX_FILE_CHARS = 1 << 24  # a file a flag names is read whole: not /dev/zero
 
 
+# The connection bounds' flags and their HttpSettings fields (unset: the settings' defaults).
+_CONNECTION_LIMITS = (
+    ("max_connections", "max_connections"),
+    ("max_connections_per_client", "max_connections_per_client"),
+    ("header_timeout", "header_timeout_s"),
+    ("keep_alive_timeout", "keep_alive_s"),
+)
+
+
 def _read_text(path: str, what: str) -> str:
     try:
         with open(path, encoding="utf-8") as file:
@@ -242,6 +251,7 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         cors_credentials=v["cors_credentials"] is not False,
         n_predict=-1 if v["n_predict"] is None else v["n_predict"],
         drain_timeout_s=30.0 if v["drain_timeout"] is None else v["drain_timeout"],
+        **{name: v[flag] for flag, name in _CONNECTION_LIMITS if v[flag] is not None},
         loop_nice=10 if v["loop_nice"] is None else v["loop_nice"],
         chat_template_kwargs=tuple(kwargs),
         verbose=bool(v["verbose"]),

@@ -36,7 +36,8 @@ _ROUTER_ONLY = frozenset(
         "host", "port", "api_key", "api_key_file", "alias", "metrics", "slots", "cors_origins",
         "cors_methods", "cors_headers", "cors_credentials", "verbose", "verbosity", "drain_timeout",
         "loop_nice", "backend", "models_dir", "models_preset", "models_max", "models_autoload",
-        "models_memory_mb", "models_keep_alive",
+        "models_memory_mb", "models_keep_alive", "max_connections", "max_connections_per_client",
+        "header_timeout", "keep_alive_timeout",
     }
 )  # fmt: skip
 _PRESET_REFUSED = {  # llama-server's preset-only keys we cannot honour

@@ -327,6 +327,16 @@ _OURS = (  # (spellings, dest, convert, metavar, help)
      "requests that may wait for a slot before QueueFull (503) (default: 64)"),
     (("--chunk-size",), "chunk_size", _integer(1), "N",
      "prompt tokens a slot prefills per tick at most (default: 512)"),
+    (("--max-connections",), "max_connections", _integer(1, 1 << 20), "N",
+     "connections beyond this get a JSON 503 and are closed (default: 2048)"),
+    (("--max-connections-per-client",), "max_connections_per_client", _integer(0, 1 << 20), "N",
+     "connections one address may hold, and requests one API key may have in flight; 0: no bound, "
+     "for a server behind a proxy (default: a quarter of --max-connections)"),
+    (("--header-timeout",), "header_timeout", _number(0.1, 3600), "SECONDS",
+     "a connection that has not sent a whole request head this long after it opened, or after its "
+     "last response, is closed (default: 10)"),
+    (("--keep-alive-timeout",), "keep_alive_timeout", _integer(1, 3600), "SECONDS",
+     "an idle keep-alive connection is closed after this (default: 5)"),
     (("--drain-timeout",), "drain_timeout", _number(0, 3600), "SECONDS",
      "on SIGTERM/SIGINT, how long in-flight requests may finish (default: 30)"),
     (("--models-memory-mb",), "models_memory_mb", _number(1, 2**40), "MB",

@@ -20,10 +20,11 @@ from typing import Any
 import uvicorn
 
 from actors.http._app import create_app
+from actors.http._guard import guarded_protocol
 from actors.http._service import Service
 from actors.http._settings import HttpSettings
 
-__all__ = ["serve"]
+__all__ = ["serve", "uvicorn_config"]
 
 _log = logging.getLogger("llama_cpp_actors.http")
 
@@ -88,21 +89,7 @@ def serve(
     """
     app = create_app(settings, start_engine)
     service: Service = app.service  # type: ignore[attr-defined]
-    config = uvicorn.Config(
-        app,
-        host=hosts[0],
-        port=port,
-        log_level=log_level,
-        access_log=settings.verbose,
-        timeout_graceful_shutdown=_CLOSE_GRACE_S,
-        lifespan="on",
-        server_header=False,
-        # h11 sends header names as the app wrote them (httptools lowercases them);
-        # llama-server's own clients compare a few names exactly. Its cost is a few
-        # microseconds per event, under the noise of bench/http.py.
-        http="h11",
-        limit_concurrency=settings.max_connections,
-    )
+    config = uvicorn_config(app, settings, host=hosts[0], port=port, log_level=log_level)
     server = _DrainingServer(config, service)
     service.on_load_failed = server.load_failed
     try:
@@ -120,6 +107,28 @@ def serve(
         print("llama-cpp-actors serve: error: the server did not start (see the log above)", file=sys.stderr)
         return 1
     return 0
+
+
+def uvicorn_config(
+    app: Any, settings: HttpSettings, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+) -> uvicorn.Config:
+    """uvicorn's configuration of ``serve`` for ``app`` (the tests serve with it too)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=settings.verbose,
+        timeout_graceful_shutdown=_CLOSE_GRACE_S,
+        lifespan="on",
+        server_header=False,
+        # h11 sends header names as the app wrote them (httptools lowercases them);
+        # llama-server's own clients compare a few names exactly. Its cost is a few
+        # microseconds per event, under the noise of bench/http.py. Ours adds a header
+        # timeout and connection bounds that answer in JSON (_guard).
+        http=guarded_protocol(settings),
+        timeout_keep_alive=settings.keep_alive_s,
+    )
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

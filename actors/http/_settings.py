@@ -17,8 +17,12 @@ __all__ = ["HttpSettings"]
 # 4 MiB parses in about 0.1 s here, and carries a prompt of a million characters (far
 # past any slot's context; llama-server's clients send far less).
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# Connections beyond this get 503 from uvicorn (each costs a file descriptor, no slot).
+# Connections beyond this get a JSON 503 (each costs a file descriptor, no slot).
 DEFAULT_MAX_CONNECTIONS = 2048
+# A connection's time to send a whole request head (at its start and after each response).
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+# An idle keep-alive connection closes after this (uvicorn's timeout_keep_alive).
+DEFAULT_KEEP_ALIVE_S = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +46,14 @@ class HttpSettings:
         n_predict: the server's default and cap for tokens per request (llama-server's
             ``-n``); -1: up to the context of a slot.
         max_body_bytes: larger request bodies get 413.
-        max_connections: connections beyond this get 503 (uvicorn's ``limit_concurrency``).
+        max_connections: connections beyond this get a JSON 503 and are closed.
+        max_connections_per_client: connections one address may hold, and requests one
+            API key may have in flight (when keys are set); beyond it, a JSON 503. None:
+            a quarter of ``max_connections``; 0: no bound (behind a proxy, where every
+            client has the proxy's address).
+        header_timeout_s: a connection that has not sent a whole request head this long
+            after it opened, or after its last response, is closed.
+        keep_alive_s: an idle keep-alive connection is closed after this many seconds.
         drain_timeout_s: on SIGTERM/SIGINT, how long in-flight requests may finish.
         chat_template_kwargs: extra variables for the chat template, (name, JSON value)
             pairs checked as a ``Chat``'s ``template_kwargs`` are and stored frozen
@@ -78,6 +89,9 @@ class HttpSettings:
     n_predict: int = -1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int | None = None
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    keep_alive_s: int = DEFAULT_KEEP_ALIVE_S
     drain_timeout_s: float = 30.0
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     verbose: bool = False
@@ -107,6 +121,16 @@ class HttpSettings:
             )
         if type(self.max_connections) is not int or not 1 <= self.max_connections <= 1 << 20:
             raise ConfigError(f"max_connections must be within [1, 2**20], got {self.max_connections!r}")
+        per_client = self.max_connections_per_client
+        if per_client is None:
+            object.__setattr__(self, "max_connections_per_client", max(1, self.max_connections // 4))
+        elif type(per_client) is not int or not 0 <= per_client <= 1 << 20:
+            raise ConfigError(f"max_connections_per_client must be within [0, 2**20], got {per_client!r}")
+        seconds = self.header_timeout_s
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0.1 <= seconds <= 3600:
+            raise ConfigError(f"header_timeout_s must be within [0.1, 3600] seconds, got {seconds!r}")
+        if type(self.keep_alive_s) is not int or not 1 <= self.keep_alive_s <= 3600:
+            raise ConfigError(f"keep_alive_s must be an int within [1, 3600], got {self.keep_alive_s!r}")
         if self.pooling not in (None, "mean", "cls", "last", "none"):
             raise ConfigError(f"pooling must be mean, cls, last, none or None, got {self.pooling!r}")
         if type(self.loop_nice) is not int or not 0 <= self.loop_nice <= 19:
