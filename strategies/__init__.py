@@ -7,7 +7,7 @@ default ``add_drafts``) spends what the plan leaves on draft tokens.
 
 from __future__ import annotations
 
-from strategies._base import BatchPlan, BatchStrategy, DecodeCost, SlotPlan, SlotState, SlotView
+from strategies._base import BatchPlan, BatchStrategy, DecodeCost, EmbedBudget, SlotPlan, SlotState, SlotView
 from strategies._builtin import Adaptive, Balanced, DecodeMaximal, PrefillPriority
 from strategies._drafts import add_drafts
 
@@ -18,6 +18,7 @@ __all__ = [
     "BatchStrategy",
     "DecodeCost",
     "DecodeMaximal",
+    "EmbedBudget",
     "PrefillPriority",
     "SlotPlan",
     "SlotState",

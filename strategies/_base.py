@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BatchPlan", "BatchStrategy", "DecodeCost", "SlotPlan", "SlotState", "SlotView"]
+__all__ = ["BatchPlan", "BatchStrategy", "DecodeCost", "EmbedBudget", "SlotPlan", "SlotState", "SlotView"]
 
 
 class SlotState(enum.IntEnum):
@@ -150,6 +150,29 @@ class DecodeCost:
         return measured[-1] + self.per_token_ms * (n_tokens - len(measured))
 
 
+@dataclass(frozen=True, slots=True)
+class EmbedBudget:
+    """What the engine measured for :meth:`BatchStrategy.embed_rows` (times in ms).
+
+    Attributes:
+        rows_max: the most rows a pass holds (``n_batch``, and 256).
+        generation_ms: what a generating tick has taken lately, with the engine's time
+            between ticks and without its embedding pass (a moving average); 0 before
+            the first.
+        row_ms: what an embedding row has cost lately (a pass's time over its rows,
+            averaged the same way); 0 before the first pass.
+        embed_ms: the time of the embedding passes lately, while slots were busy (a sum
+            that decays by a tenth a tick).
+        other_ms: the rest of those ticks' time, summed the same way.
+    """
+
+    rows_max: int
+    generation_ms: float
+    row_ms: float
+    embed_ms: float
+    other_ms: float
+
+
 class BatchStrategy(abc.ABC):
     """Decides how one tick's token budget is split between decode and prefill.
 
@@ -202,6 +225,28 @@ class BatchStrategy(abc.ABC):
         from strategies._drafts import add_drafts
 
         return add_drafts(slots, plan, budget, cost)
+
+    def embed_rows(self, budget: EmbedBudget) -> int:
+        """How many rows this tick's embedding pass may take while slots are busy
+        (called only then: an engine with nothing else to do fills its passes).
+
+        The pass runs before generation's batch in the same tick, so it adds its time to
+        every running stream's gap between tokens; a longer text is fed in chunks of this
+        size over several ticks.
+
+        Returns:
+            From 0 (no pass this tick) to ``budget.rows_max``. By default: 16 rows until
+            the times are measured; then rows that cost at most three quarters of a
+            generating tick, and no pass while embeddings had more than two thirds of
+            the time the rest of the ticks had lately. A stream beside embeddings then runs at least
+            about half as fast as alone, and no pass holds it up for longer than a tick.
+        """
+        if budget.generation_ms <= 0.0 or budget.row_ms <= 0.0:
+            return min(budget.rows_max, 16)
+        rows = max(1, min(budget.rows_max, int(0.75 * budget.generation_ms / budget.row_ms)))
+        if budget.embed_ms + rows * budget.row_ms > budget.other_ms * 2 / 3:
+            return 0
+        return rows
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,10 +22,11 @@ import numpy as np
 import numpy.typing as npt
 import pykka
 import pytest
-from helpers import same_greedy
+from helpers import NO_EOG, same_greedy
 
 from actors import (
     Cancel,
+    Done,
     Embed,
     Embeddings,
     EngineError,
@@ -33,11 +36,15 @@ from actors import (
     PromptTooLong,
     RequestTimeout,
     ServerPool,
+    StrategyError,
+    Stream,
     Supervisor,
+    Token,
     aembed,
     embed,
     generate,
 )
+from strategies import DecodeMaximal, EmbedBudget
 
 TEXTS = [
     "I believe the meaning of life is",
@@ -181,6 +188,83 @@ def test_generation_is_unchanged_beside_embeddings(start_server: Callable[..., p
     # Every embedding cell was freed: llama.cpp holds the slots' positions only.
     stats = ref.ask(GetStats())
     assert stats["kv_positions"] == tuple(s.kv_tokens for s in stats["slots"])
+
+
+def _stream_ms(ref: pykka.ActorRef[Any]) -> float:
+    """A 32-token greedy stream's time from its first token to its last (ms)."""
+    tokens = queue.Queue[Any]()
+    ref.tell(
+        Stream(
+            "Tell me a long story about a dragon.", max_tokens=32, temp=0, logit_bias=NO_EOG, reply_to=tokens
+        )
+    )
+    times = []
+    while True:
+        event = tokens.get(timeout=300)
+        if isinstance(event, Token):
+            times.append(time.perf_counter())
+        elif isinstance(event, Done):
+            return (times[-1] - times[0]) * 1000.0
+        else:
+            raise AssertionError(event)
+
+
+def test_an_embedding_client_costs_a_stream_at_most_half_its_speed(
+    start_server: Callable[..., pykka.ActorRef[Any]],
+) -> None:
+    # A hostile review: one client looping /v1/embeddings (8 texts of ~80 tokens) took a
+    # 30-token stream from 0.25 s to 21.75 s; every tick ran a whole pass before decoding.
+    ref = start_server(n_parallel=4)
+    alone = sorted(_stream_ms(ref) for _ in range(3))[1]
+    stop = threading.Event()
+    served = []
+
+    def keep_embedding() -> None:
+        while not stop.is_set():
+            served.append(embed(ref, [TEXTS[4] + f" ({i})" for i in range(8)], timeout=300))
+
+    worker = threading.Thread(target=keep_embedding)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        beside = sorted(_stream_ms(ref) for _ in range(3))[1]
+    finally:
+        stop.set()
+        worker.join(timeout=300)
+    assert served  # embeddings go on, more slowly, beside the stream
+    assert beside <= 2.0 * alone, (beside, alone)
+
+
+class _Rows(DecodeMaximal):
+    """Embedding passes of ``rows`` rows while slots are busy; records the budgets."""
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+        self.budgets: list[EmbedBudget] = []
+
+    def embed_rows(self, budget: EmbedBudget) -> int:
+        self.budgets.append(budget)
+        return self.rows  # type: ignore[no-any-return]
+
+
+def test_the_strategy_sizes_embedding_passes_beside_generation(
+    start_server: Callable[..., pykka.ActorRef[Any]], references: Any
+) -> None:
+    strategy = _Rows(3)
+    ref = start_server(n_parallel=2, flash_attn=False, batch_strategy=strategy)
+    busy = ref.ask(
+        Stream("Count to a thousand:", max_tokens=400, temp=0, logit_bias=NO_EOG, reply_to=queue.Queue())
+    )
+    del busy
+    got = embed(ref, TEXTS, timeout=120)  # fed 3 rows a pass, each text over several ticks
+    assert_close_across_batches(got, references(TEXTS, "mean"))
+    assert strategy.budgets and all(b.rows_max == 256 for b in strategy.budgets)
+    assert any(b.generation_ms > 0 and b.row_ms > 0 for b in strategy.budgets)
+    # A strategy that answers nonsense fails the embedding requests, not the engine.
+    for bad in (-1, 257, "3", None):
+        strategy.rows = bad
+        with pytest.raises(StrategyError, match="embed_rows must return an int"):
+            embed(ref, TEXTS[:1], timeout=60)
 
 
 @pytest.mark.parametrize(

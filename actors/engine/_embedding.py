@@ -6,9 +6,11 @@ logits; and llama-server too runs embedding batches apart. A tick with embedding
 runs one pass before generation's batch: texts of several requests packed into one
 batch of at most ``MAX_PASS_ROWS`` rows (and ``n_batch``), each text in its own
 sequence (an embedding lane, :attr:`LlamaBackend.embed_seq_ids`), every row an output;
-a longer text goes alone, one chunk of ``MAX_PASS_ROWS`` a tick, in the same sequence
-(the model is causal: each chunk attends to the cells of the ones before), so a long
-text never holds generation up for more than one pass a tick. The vectors are pooled
+a longer text goes alone, one chunk a tick, in the same sequence (the model is causal:
+each chunk attends to the cells of the ones before). While slots generate, a pass holds
+the rows the strategy allows (``BatchStrategy.embed_rows``: by default what costs about
+one generation pass, from the engine's measured times), so embeddings cost a running
+stream at most about half its speed. The vectors are pooled
 here, in numpy, from the per-token embeddings (the context's pooling is ``NONE``), so
 every pooling works on one context. A packed pass frees every cell it wrote before it
 returns; a long text's cells are on the engine's books (``CellLedger``) while it is fed,
@@ -154,6 +156,12 @@ class Embedder:
         self.long: _Text | None = None  # a text fed one chunk a tick
         self.n_passes = 0
         self.n_texts = 0
+        self.pass_rows = 0  # the rows of the last run's pass (0 when it ran none)
+
+    @property
+    def rows_max(self) -> int:
+        """The most rows a pass holds."""
+        return min(self.backend.n_batch, MAX_PASS_ROWS)
 
     def admit(self, prepared: PreparedEmbed, future: Any) -> None:
         """Queue a prepared request.
@@ -214,20 +222,23 @@ class Embedder:
         self.cells.clear(self.long.lane)
         self.long = None
 
-    def run(self) -> None:
-        """One embedding pass: expire, pack, decode, pool, deliver what is complete."""
+    def run(self, rows: int | None = None) -> None:
+        """One embedding pass of at most ``rows`` rows (None: :attr:`rows_max`):
+        expire, pack, decode, pool, deliver what is complete."""
+        limit = self.rows_max if rows is None else max(1, min(rows, self.rows_max))
+        self.pass_rows = 0
         now = time.monotonic()
         for job in [j for j in self.queue if j.deadline is not None and j.deadline <= now]:
             self._fail(job, RequestTimeout(f"embedding request {job.request_id!r} passed its deadline_s"))
         if self.long is not None:
-            self._feed_long(self.long)
+            self._feed_long(self.long, limit)
             return
-        texts = self._pack()
+        texts = self._pack(limit)
         if not texts:
             return
-        if len(texts[0].tokens) > min(self.backend.n_batch, MAX_PASS_ROWS):
+        if len(texts[0].tokens) > limit:
             self.long = texts[0]
-            self._feed_long(texts[0])
+            self._feed_long(texts[0], limit)
             return
         if not self.make_room(sum(len(t.tokens) for t in texts)):
             return  # the running requests hold the cells: next tick
@@ -253,17 +264,18 @@ class Embedder:
             self.queue.remove(job)
             self._deliver(job)
 
-    def _feed_long(self, text: _Text) -> None:
-        """Decode the next chunk of a text longer than a pass; its cells stay (booked)
-        until its last chunk, then it is pooled and its cells freed."""
-        chunk = text.tokens[text.fed : text.fed + min(self.backend.n_batch, MAX_PASS_ROWS)]
+    def _feed_long(self, text: _Text, limit: int) -> None:
+        """Decode the next chunk (``limit`` rows at most) of a text longer than a pass;
+        its cells stay (booked) until its last chunk, then it is pooled and its cells
+        freed."""
+        chunk = text.tokens[text.fed : text.fed + limit]
         # The cells of all that is left, not just this chunk's: a text that cannot finish
         # would hold cells generation needs.
         if not self.make_room(len(text.tokens) - text.fed):
             return  # the running requests hold the cells: next tick
         self.n_passes += 1
         self._lay_out(0, text.lane, chunk, text.fed)
-        code, rows = self.backend.decode_embeddings(len(chunk))
+        code, rows = self._decode_rows(len(chunk))
         if rows is None:
             self._fail(text.job, DecodeError(f"llama_decode failed with code {code} in an embedding pass"))
             return
@@ -276,10 +288,10 @@ class Embedder:
             self.n_texts += 1
             self._deliver_done()
 
-    def _pack(self) -> list[_Text]:
-        """The texts of this pass, first come first served: as many as a pass's rows
+    def _pack(self, n_batch: int) -> list[_Text]:
+        """The texts of this pass, first come first served: as many as ``n_batch`` rows
         and the lanes hold, or one text longer than that, alone (the first)."""
-        n_batch, lanes = min(self.backend.n_batch, MAX_PASS_ROWS), self.backend.embed_seq_ids
+        lanes = self.backend.embed_seq_ids
         texts: list[_Text] = []
         rows = 0
         for job in self.queue:
@@ -295,12 +307,11 @@ class Embedder:
 
     def _decode(self, texts: list[_Text]) -> int:
         """Decode packed texts, accumulating each one's rows; llama_decode's code."""
-        backend = self.backend
         row = 0
         for text in texts:
             self._lay_out(row, text.lane, text.tokens, 0)
             row += len(text.tokens)
-        code, rows = backend.decode_embeddings(row)
+        code, rows = self._decode_rows(row)
         if rows is None:
             return code
         row = 0
@@ -308,6 +319,11 @@ class Embedder:
             self._accumulate(text, rows[row : row + len(text.tokens)])
             row += len(text.tokens)
         return 0
+
+    def _decode_rows(self, n_rows: int) -> tuple[int, npt.NDArray[np.float32] | None]:
+        """``decode_embeddings``, its rows counted in :attr:`pass_rows`."""
+        self.pass_rows = n_rows
+        return self.backend.decode_embeddings(n_rows)
 
     def _lay_out(self, row: int, lane: int, tokens: tuple[int, ...], pos: int) -> None:
         put_rows(self.backend, row, lane, tokens, pos, logits=True)

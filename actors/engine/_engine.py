@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import telemetry
@@ -22,7 +23,7 @@ from actors.engine._batch import Segment, check_plan, lay_out
 from actors.engine._slots import Slot
 from actors.engine._speculative import DraftWant
 from actors.engine._state import EngineConfig
-from strategies import BatchPlan, BatchStrategy, SlotState, SlotView
+from strategies import BatchPlan, BatchStrategy, EmbedBudget, SlotState, SlotView
 
 __all__ = ["Engine", "EngineConfig"]
 
@@ -61,7 +62,8 @@ class Engine(Admission):
         6. ``_emit_tick``: the ``tick`` signal.
 
         Before 3, a tick with ``Embed`` requests queued runs one embedding pass of its
-        own (``Embedder.run``, :mod:`actors.engine._embedding`).
+        own (``Embedder.run``, :mod:`actors.engine._embedding`); while slots are busy,
+        of the rows the strategy's ``embed_rows`` allows (``_embed_rows``).
         """
         self.n_ticks += 1
         if faults.tick is not None:
@@ -73,9 +75,11 @@ class Engine(Admission):
             self.occupied = False
             if self.config.cache_idle_slots:
                 self.memory.offload_idle(self.slots)
-        if self.embedder.queue:
-            self.embedder.run()
         busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
+        if self.embedder.queue:
+            self._embed(busy=bool(busy))
+            busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
+        self._generated_at = time.perf_counter() if busy else 0.0
         if not busy:
             return
         if self.drafter is not None:
@@ -89,6 +93,50 @@ class Engine(Admission):
         self._forward(segments, purge_allowed=True)
         if telemetry.tick.receivers:
             self._emit_tick(segments)
+
+    def _embed(self, *, busy: bool) -> None:
+        """This tick's embedding pass: all it can take when no slot is busy, else the
+        rows ``_embed_rows`` allows. While slots are busy, the engine keeps what the
+        passes took against the rest of the ticks' time (generation's, and the actor's
+        between ticks), in sums that decay by a tenth a tick."""
+        started = time.perf_counter()
+        if not busy:
+            self.embed_window_ms = self.other_window_ms = 0.0
+        elif self._generated_at:  # the last tick generated: its time since, and between ticks
+            ms = (started - self._generated_at) * 1000.0
+            self.generation_ms = _average(self.generation_ms, ms)
+            self.embed_window_ms *= _DECAY
+            self.other_window_ms = self.other_window_ms * _DECAY + ms
+        rows = self._embed_rows() if busy else None
+        if rows == 0:
+            return
+        self.embedder.run(rows)
+        ms = (time.perf_counter() - started) * 1000.0
+        if self.embedder.pass_rows:
+            self.embed_row_ms = _average(self.embed_row_ms, ms / self.embedder.pass_rows)
+            if busy:
+                self.embed_window_ms += ms
+
+    def _embed_rows(self) -> int:
+        """The rows of this tick's embedding pass while slots are busy: the strategy's
+        ``embed_rows``, checked (0: none this tick, or the strategy failed, and the
+        embedding requests with it)."""
+        embedder = self.embedder
+        strategy = self.config.batch_strategy
+        try:
+            most = embedder.rows_max
+            budget = EmbedBudget(
+                most, self.generation_ms, self.embed_row_ms, self.embed_window_ms, self.other_window_ms
+            )
+            rows = strategy.embed_rows(budget)
+            if type(rows) is not int or not 0 <= rows <= most:
+                raise StrategyError(f"embed_rows must return an int in [0, {most}], got {rows!r}")
+            return rows
+        except BaseException as e:  # sys.exit() in a strategy must not stop every actor
+            error = e if isinstance(e, StrategyError) else StrategyError(f"{strategy!r} raised {e!r}")
+            _log.error("batch strategy failed; failing the embedding requests: %s", error)
+            embedder.fail_all(error)
+            return 0
 
     def _propose(self, busy: dict[int, Slot]) -> None:
         """Ask the drafter for each generating slot's draft (``Slot.draft``). A costly
@@ -283,3 +331,11 @@ class Engine(Admission):
             # each slot's kv_tokens unless cells leaked (a draft's, say).
             "kv_positions": tuple(self.backend.seq_pos_max(slot.seq_id) + 1 for slot in self.slots),
         }
+
+
+_DECAY = 0.9  # the embedding and generation time sums lose a tenth a tick
+
+
+def _average(average: float, value: float) -> float:
+    """A moving average of measured times (0: none yet)."""
+    return value if average == 0.0 else 0.7 * average + 0.3 * value

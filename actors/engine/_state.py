@@ -95,6 +95,11 @@ class EngineState:
         self._arrivals = 0
         self._arrays = BatchArrays(backend.tokens, backend.pos, backend.seq_ids, backend.logits)
         self._eval_s = 0.0  # time inside llama_decode this tick
+        self.generation_ms = 0.0  # a generating tick's time lately, with the actor's between ticks
+        self._generated_at = 0.0  # when the last tick's embedding part ended, if it generated
+        self.embed_window_ms = 0.0  # embedding passes' time lately, while busy (decaying sum)
+        self.other_window_ms = 0.0  # the rest of those ticks' time (decaying sum)
+        self.embed_row_ms = 0.0  # an embedding pass's time per row lately (a moving average)
         self.preemptions = 0
         self.n_ticks = 0
         self._n_deadlines = 0  # live requests with a deadline: skip the scan without them
