@@ -631,6 +631,31 @@ def test_silent_connections_lock_nobody_out(model_path: str) -> None:
         server.stop()
 
 
+def test_a_slow_body_and_an_idle_keep_alive_connection_are_bounded(
+    model_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import actors.http._app as app_module
+
+    monkeypatch.setattr(app_module, "_BODY_TIMEOUT_S", 0.5)  # 60 s in service
+    start = lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512)  # noqa: E731
+    server = Running(HttpSettings(keep_alive_s=1), start)
+    port = int(server.url.rsplit(":", 1)[1])
+    try:
+        server.wait_ready()
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            slow.settimeout(10)
+            assert slow.recv(4096).startswith(b"HTTP/1.1 408")
+        with socket.create_connection(("127.0.0.1", port)) as idle_one:
+            idle_one.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            idle_one.settimeout(10)
+            assert idle_one.recv(4096).startswith(b"HTTP/1.1 200")
+            opened = time.monotonic()
+            assert _closed_within(idle_one, 5) and time.monotonic() - opened < 3
+    finally:
+        server.stop()
+
+
 def test_one_api_key_has_at_most_its_share_of_requests_in_flight(model_path: str) -> None:
     settings = HttpSettings(api_keys=("a", "b"), max_connections_per_client=1)
     server = Running(settings, lambda: ServerActor.start(model_path=model_path, n_parallel=2, n_ctx=1024))
