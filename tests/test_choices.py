@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,24 @@ def test_more_choices_than_free_slots_run_later_from_the_leaders_cells(start_ser
     n_prompt = prompt_tokens(ref)
     # Waiting choices copy all but the last prompt token, which each decodes itself.
     assert sum(m["prefill_tokens"] for m, _ in recorder.of("tick")) <= n_prompt + 5
+
+
+def test_another_request_takes_turns_with_the_choices_of_one(start_server: StartServer) -> None:
+    # A hostile review: four n=16 requests queued 64 choices first come, first served, and
+    # an ordinary request behind them waited 333 s. Now a waiting request goes before the
+    # choices of a request that has some in the slots: it waits for one choice at most.
+    ref = start_server(n_parallel=2, n_ctx=4096)
+    t_many = time.monotonic()
+    many = ref.ask(Generate(PROMPT, n=6, temp=1.0, max_tokens=40, logit_bias=NO_EOG), block=False)
+    wait_until(lambda: ref.ask(GetStats())["active_slots"] == 2, seconds=60)
+    t_single = time.monotonic()
+    single = generate(ref, "Hi", max_tokens=5, logit_bias=NO_EOG, timeout=120)
+    choices = many.get(timeout=300).get(timeout=300)
+    assert single.generated_tokens == 5 and all(c.generated_tokens == 40 for c in choices)
+    # Its first token came before the last choices' (which, first come first served, it
+    # waited for all): the slots took turns.
+    firsts = sorted(t_many + c.ttft_ms / 1000 for c in choices)
+    assert t_single + single.ttft_ms / 1000 < firsts[-2], (t_single + single.ttft_ms / 1000, firsts)
 
 
 def test_cancel_ends_every_choice(start_server: StartServer) -> None:

@@ -254,6 +254,14 @@ def test_n_and_best_of_out_of_range_are_400s(running: Running) -> None:
     for bad in ({"n_cmpl": 0}, {"n_cmpl": 17}, {"n": -1}, {"n_cmpl": [2]}):
         response = httpx.post(running.url + "/completion", json={"prompt": "Hi", "n_predict": 1, **bad})
         assert response.status_code == 400, bad
+    # More choices than slots, as llama-server: they would hold every slot (a hostile review
+    # queued four n=16 requests on 4 slots, and an ordinary request waited 333 s).
+    for path, body in (
+        ("/v1/chat/completions", {"messages": CHAT, "n": 5}),
+        ("/completion", {"prompt": "Hi", "n_cmpl": 5}),
+    ):
+        response = httpx.post(running.url + path, json={**body, "max_tokens": 1})
+        assert response.status_code == 400 and "between 1 and 4 (this server's slots)" in response.text, path
     same = httpx.post(chat, json={"messages": CHAT, "max_tokens": 1, "n": 2, "best_of": 2}, timeout=60)
     assert same.status_code == 200 and len(same.json()["choices"]) == 2
 

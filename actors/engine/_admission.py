@@ -192,12 +192,15 @@ class Admission(ForwardPass):
             self._start(request, idle)
 
     def _next(self, idle: list[Slot]) -> Request | None:
-        """The waiting request to start: the first of the top priority, except that one of
-        a session an idle slot served goes first (LlamaCppEx's ``dequeue_session_matches``),
-        and one whose prefix a slot is prefilling now waits for it (``worth_waiting``)."""
+        """The waiting request to start: of the top priority, the first of those whose
+        request has the fewest choices in the slots (so the choices of an ``n`` > 1
+        request take turns with other requests, instead of holding every slot until they
+        are all done), except that one of a session an idle slot served goes first
+        (LlamaCppEx's ``dequeue_session_matches``), and one whose prefix a slot is
+        prefilling now waits for it (``worth_waiting``)."""
         sessions = {(slot.scope, slot.session) for slot in idle if slot.session is not None}
         priority = self.waiting[0].message.priority
-        chosen = None
+        chosen, fewest = None, 0
         for request in self.waiting:
             if request.message.priority != priority:
                 break
@@ -205,11 +208,19 @@ class Admission(ForwardPass):
                 continue
             if request.session is not None and (request.scope, request.session) in sessions:
                 return request
-            if chosen is None:
-                chosen = request
-                if not sessions:
+            running = self._running_choices(request)
+            if chosen is None or running < fewest:
+                chosen, fewest = request, running
+                if fewest == 0 and not sessions:
                     break
         return chosen
+
+    def _running_choices(self, request: Request) -> int:
+        """How many of the choices of ``request``'s request are in slots now."""
+        group = request.choices
+        if group is None:
+            return 0
+        return sum(1 for r in group.requests if r.seq_id >= 0 and r.key in self.requests)
 
     def _follows(self, request: Request) -> bool:
         """A choice i > 0 waits while its leader has not sampled (then ``_fork`` copies it)."""

@@ -186,7 +186,8 @@ def completion_options(service: Service, body: Mapping[str, Any]) -> dict[str, A
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
         raise HttpError(400, "'n_predict' must be an integer")
     options["max_tokens"] = max_tokens(requested, service.limits)
-    n = choices_count(body, "n_cmpl", "n")  # llama-server's n_cmpl, with OpenAI's n as its alias
+    # llama-server's n_cmpl, with OpenAI's n as its alias
+    n = choices_count(body, service.limits, "n_cmpl", "n")
     if n > 1:
         options["n"] = n
     return probabilities(options)

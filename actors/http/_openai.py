@@ -56,7 +56,7 @@ _DONE = b"data: [DONE]\n\n"
 
 
 def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
-    n = choices_count(body, "n")
+    n = choices_count(body, service.limits, "n")
     # best_of > n would pick the likeliest of best_of completions, which this server
     # never does (llama-server refuses best_of outright); best_of = n picks nothing.
     best_of = body.get("best_of")

@@ -63,6 +63,8 @@ class Limits:
     """The server's cap for generated tokens (``-n``), -1 for none."""
     n_ctx_slot: int
     """One slot's context: no request can generate more."""
+    n_parallel: int = MAX_CHOICES
+    """An engine's slots: a request's ``n`` choices at most (llama-server's bound)."""
 
 
 def _fail(message: str) -> HttpError:
@@ -192,16 +194,18 @@ def max_tokens(requested: int | None, limits: Limits) -> int:
     return min(requested, limits.n_ctx_slot)
 
 
-def choices_count(body: Mapping[str, Any], *names: str) -> int:
+def choices_count(body: Mapping[str, Any], limits: Limits, *names: str) -> int:
     """How many completions of the prompt a request asks for: the first of ``names``
     given (OpenAI's ``n``; llama-server's ``n_cmpl``, then ``n``, on ``/completion``),
-    1 when none is; an integer from 1 to ``MAX_CHOICES``."""
+    1 when none is; an integer from 1 to ``MAX_CHOICES`` and the engine's slots (as
+    llama-server: more choices than slots would hold every slot, and the queue)."""
+    most = max(1, min(MAX_CHOICES, limits.n_parallel))
     for name in names:
         count = _int(body, name)
         if count is None:
             continue
-        if not 1 <= count <= MAX_CHOICES:
-            raise _fail(f"'{name}' must be between 1 and {MAX_CHOICES}, got {_show(count)}")
+        if not 1 <= count <= most:
+            raise _fail(f"'{name}' must be between 1 and {most} (this server's slots), got {_show(count)}")
         return count
     return 1
 

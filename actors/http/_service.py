@@ -27,7 +27,7 @@ from starlette.requests import Request
 from actors import GetInfo, GetStats, GetTokenizer, Tokenizer
 from actors.http._errors import HttpError
 from actors.http._metrics import Metrics
-from actors.http._params import Limits
+from actors.http._params import MAX_CHOICES, Limits
 from actors.http._settings import HttpSettings
 from actors.http._stream import unless_disconnected
 from actors.http._views import ModelViews
@@ -166,7 +166,8 @@ class Service:
 
     @property
     def limits(self) -> Limits:
-        return Limits(n_predict=self.settings.n_predict, n_ctx_slot=self.n_ctx_slot)
+        n_parallel = int(self.info.get("n_parallel") or MAX_CHOICES)  # one engine's (a pool's replica's)
+        return Limits(n_predict=self.settings.n_predict, n_ctx_slot=self.n_ctx_slot, n_parallel=n_parallel)
 
     def need_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
