@@ -9,7 +9,12 @@ is under 2x. Also measured, for information: (d) a 1 MB prompt with ``truncate=T
 which is admitted: its prefill shares ticks with the stream, ``chunk_size`` tokens a
 tick, the documented price of any long prompt.
 
-Run ``python bench/fairness.py`` (``--quick`` for a smoke run).
+Over HTTP (``--http``, ``bench/_fairness_http.py``): one ``serve`` process, a victim
+client alone and beside an attacker: 2,100 silent connections, a client looping
+``/v1/embeddings``, four requests with as many choices as slots, a 3.9 MB text piece.
+
+Run ``python bench/fairness.py`` (``--quick`` for a smoke run, ``--http`` for the HTTP
+scenarios too).
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run as a script: import from the repository root, not bench/ (whose http.py would
+# shadow the standard library's http, which httpx imports).
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import queue
 
-from _common import NO_EOG, RESULTS, machine, markdown_table, median, write_result
-
 from actors import Done, EngineError, Failed, ServerActor, Stream, Token, generate
+from bench._common import NO_EOG, RESULTS, machine, markdown_table, median, write_result
 
 Submit = Callable[[Any], None]
 
@@ -103,7 +109,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round, 24 tokens")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--http", action="store_true", help="the HTTP scenarios too (a serve process)")
+    parser.add_argument("--http-only", action="store_true", help="the HTTP scenarios alone")
     args = parser.parse_args()
+    if args.http_only:
+        write_result("fairness_http", _http_table(), args.out)
+        return
     if args.quick:
         args.max_tokens, args.rounds = 24, 1
     ref = ServerActor.start(n_parallel=4, n_ctx=8192)
@@ -135,6 +146,21 @@ def main() -> None:
     )
     path = write_result("fairness", text, args.out)
     print(f"wrote {path}")
+    if args.http:
+        print(f"wrote {write_result('fairness_http', _http_table(), args.out)}")
+
+
+def _http_table() -> str:
+    from bench._fairness_http import run_scenarios
+
+    rows = run_scenarios()
+    header = ["while another client sends", "the victim", "alone", "under pressure", "ratio", "goal met"]
+    return (
+        f"# Fairness over HTTP: what one client's pressure costs another\n\n{machine()}\n\n"
+        "`llama-cpp-actors serve -t 1 -c 2048 -np 4`; goals: served within the header timeout (10 s) "
+        "and a little; a stream at least half as fast; a 5-token answer within one 256-token choice "
+        "(under 30 s); /health under 100 ms.\n\n" + markdown_table(header, rows)
+    )
 
 
 if __name__ == "__main__":

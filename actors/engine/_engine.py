@@ -75,11 +75,10 @@ class Engine(Admission):
             self.occupied = False
             if self.config.cache_idle_slots:
                 self.memory.offload_idle(self.slots)
-        busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
         if self.embedder.queue:
-            self._embed(busy=bool(busy))
-            busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
-        self._generated_at = time.perf_counter() if busy else 0.0
+            self._embed(busy=any(slot.state is not SlotState.IDLE for slot in self.slots))
+        busy = {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
+        self._generated_at = time.perf_counter() if busy else 0.0  # the next pass's share counts from here
         if not busy:
             return
         if self.drafter is not None:
