@@ -639,6 +639,43 @@ def test_silent_connections_lock_nobody_out(model_path: str) -> None:
         server.stop()
 
 
+def test_connection_bounds_hold_against_tricks(model_path: str) -> None:
+    # A hostile review of the bounds: a body trickled after an early answer held its
+    # connection out of every timer's reach; a WebSocket upgrade switched protocols and
+    # never gave its address's count back; one address's refused connections pushed the
+    # total past its limit for everyone.
+    settings = HttpSettings(max_connections=8, max_connections_per_client=4, header_timeout_s=5.0)
+    server = Running(settings, lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512))
+    port = int(server.url.rsplit(":", 1)[1])
+    other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10)
+    try:
+        server.wait_ready()
+        with socket.create_connection(("127.0.0.1", port)) as early:
+            early.sendall(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{")
+            early.settimeout(10)
+            assert early.recv(4096).startswith(b"HTTP/1.1 404")
+            assert _closed_within(early, 2)  # not kept for the rest of a body nobody reads
+        for _ in range(6):  # more upgrades than the address may hold connections
+            with socket.create_connection(("127.0.0.1", port)) as upgrade:
+                upgrade.sendall(
+                    b"GET /health HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                )
+                upgrade.settimeout(10)
+                assert upgrade.recv(4096).startswith(b"HTTP/1.1 200")  # an ordinary request
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # its count came back
+        crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        try:
+            time.sleep(0.2)
+            assert other.get(server.url + "/health").status_code == 200  # 4 count, not 20
+        finally:
+            for sock in crowd:
+                sock.close()
+    finally:
+        other.close()
+        server.stop()
+
+
 def test_a_slow_body_and_an_idle_keep_alive_connection_are_bounded(
     model_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,6 +30,7 @@ from actors import (
     GetStats,
     InvalidRequest,
     MemoryBudgetExceeded,
+    ModelFailedLately,
     ModelLoadError,
     ModelManager,
     QueueFull,
@@ -278,7 +279,7 @@ def test_a_model_whose_load_failed_unloads_no_working_model_to_try_again(
     working = {name for name, state in states(manager).items() if state == "ready"}
     assert working == {"a", "b"}
     for _ in range(2):  # again and again: refused, and nobody unloaded for it
-        with pytest.raises(ModelLoadError, match="failed to load last time"):
+        with pytest.raises(ModelFailedLately, match="failed lately"):
             generate(manager, "Hi", max_tokens=2, model="broken", timeout=60)
         assert {name for name, state in states(manager).items() if state == "ready"} == {"a", "b"}
 

@@ -10,7 +10,9 @@
     ├── QueueFull                    every slot is busy and ``max_queue`` requests wait
     ├── ConfigError (ValueError)     a bad option to ``ServerActor.start()``
     ├── ModelLoadError               the model file is missing, unreadable or not a model
-    │   └── MemoryBudgetExceeded     a ModelManager cannot fit the model in its budget
+    │   ├── MemoryBudgetExceeded     a ModelManager cannot fit the model in its budget
+    │   └── ModelFailedLately        its engine failed lately: a ModelManager will not
+    │                                unload a working model to try it again yet
     ├── StrategyError                a batch strategy raised or returned an invalid plan
     ├── DecodeError                  ``llama_decode`` failed for this request
     ├── EngineStopped                the engine stopped (or died) with the request pending
@@ -29,6 +31,7 @@ __all__ = [
     "EngineStopped",
     "InvalidRequest",
     "MemoryBudgetExceeded",
+    "ModelFailedLately",
     "ModelLoadError",
     "PromptTooLong",
     "QueueFull",
@@ -93,6 +96,12 @@ class MemoryBudgetExceeded(ModelLoadError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (str(self), self.needed_mb, self.budget_mb, self.held_mb))
+
+
+class ModelFailedLately(ModelLoadError):
+    """A ``ModelManager`` will not unload a working model to load again a model whose
+    engine failed (a load, a crash) less than a minute ago: it loads where there is room
+    without that, or after the minute. Its stats' ``last_error`` says what failed."""
 
 
 class StrategyError(EngineError):

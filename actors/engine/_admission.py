@@ -21,7 +21,7 @@ from actors.engine._embedding import PreparedEmbed
 from actors.engine._forward import ForwardPass
 from actors.engine._output import TextStream
 from actors.engine._prepare import Prepared, fit_prompt
-from actors.engine._slots import Choices, Request, Slot
+from actors.engine._slots import Choices, Request, Slot, running_choices
 from actors.engine._speculative import Acceptances
 from strategies import SlotState
 
@@ -208,19 +208,12 @@ class Admission(ForwardPass):
                 continue
             if request.session is not None and (request.scope, request.session) in sessions:
                 return request
-            running = self._running_choices(request)
+            running = running_choices(request, self.requests)
             if chosen is None or running < fewest:
                 chosen, fewest = request, running
                 if fewest == 0 and not sessions:
                     break
         return chosen
-
-    def _running_choices(self, request: Request) -> int:
-        """How many of the choices of ``request``'s request are in slots now."""
-        group = request.choices
-        if group is None:
-            return 0
-        return sum(1 for r in group.requests if r.seq_id >= 0 and r.key in self.requests)
 
     def _follows(self, request: Request) -> bool:
         """A choice i > 0 waits while its leader has not sampled (then ``_fork`` copies it)."""

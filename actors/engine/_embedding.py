@@ -222,14 +222,17 @@ class Embedder:
         self.cells.clear(self.long.lane)
         self.long = None
 
-    def run(self, rows: int | None = None) -> None:
-        """One embedding pass of at most ``rows`` rows (None: :attr:`rows_max`):
-        expire, pack, decode, pool, deliver what is complete."""
-        limit = self.rows_max if rows is None else max(1, min(rows, self.rows_max))
-        self.pass_rows = 0
+    def expire(self) -> None:
+        """Fail every queued request past its ``deadline_s``."""
         now = time.monotonic()
         for job in [j for j in self.queue if j.deadline is not None and j.deadline <= now]:
             self._fail(job, RequestTimeout(f"embedding request {job.request_id!r} passed its deadline_s"))
+
+    def run(self, rows: int | None = None) -> None:
+        """One embedding pass of at most ``rows`` rows (None: :attr:`rows_max`): pack,
+        decode, pool, deliver what is complete (after :meth:`expire`)."""
+        limit = self.rows_max if rows is None else max(1, min(rows, self.rows_max))
+        self.pass_rows = 0
         if self.long is not None:
             self._feed_long(self.long, limit)
             return

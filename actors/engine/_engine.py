@@ -99,6 +99,9 @@ class Engine(Admission):
         passes took against the rest of the ticks' time (generation's, and the actor's
         between ticks), in sums that decay by a tenth a tick."""
         started = time.perf_counter()
+        self.embedder.expire()  # on every tick, a pass or not
+        if not self.embedder.queue:
+            return
         if not busy:
             self.embed_window_ms = self.other_window_ms = 0.0
         elif self._generated_at:  # the last tick generated: its time since, and between ticks

@@ -14,7 +14,7 @@ import telemetry
 from actors.contract._errors import DecodeError, EngineError
 from actors.engine._batch import Segment
 from actors.engine._sampling import Sampling
-from actors.engine._slots import Request, Slot
+from actors.engine._slots import Request, Slot, running_choices
 from strategies import SlotState
 
 __all__ = ["ForwardPass"]
@@ -194,11 +194,20 @@ class ForwardPass(Sampling):
         may have ended with its first token: its slot still holds the prompt)."""
         if request.choices is None or leader.cached[: len(request.prompt)] != request.prompt:
             return  # it failed, and its KV went with it
-        for choice in request.choices.requests[1:]:
+        # Idle slots that waiting requests with no choice running take first (``_next``'s turns).
+        group, priority = request.choices, request.message.priority
+        reserved = sum(
+            1
+            for r in self.waiting
+            if r.choices is not group
+            and r.message.priority <= priority
+            and running_choices(r, self.requests) == 0
+        )
+        for choice in group.requests[1:]:
             if choice.started or choice.key not in self.requests:
                 continue
             idle = [s for s in self.slots if s.state is SlotState.IDLE and s is not leader]
-            if not idle or not self._kv_room_for(choice):
+            if len(idle) <= reserved or not self._kv_room_for(choice):
                 return
             slot = self.memory.fork(leader, choice, idle)
             self.waiting.remove(choice)

@@ -10,7 +10,7 @@ token (``pending``) waits to be decoded.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,7 +23,7 @@ from actors.engine._output import TextStream
 from actors.engine._speculative import Acceptances, DraftWant
 from strategies import SlotState, SlotView
 
-__all__ = ["Choices", "Request", "Slot", "common_prefix_len"]
+__all__ = ["Choices", "Request", "Slot", "common_prefix_len", "running_choices"]
 
 
 @dataclass(slots=True, eq=False)
@@ -181,3 +181,12 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
         return n
     diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
     return int(diff[0]) if diff.size else n
+
+
+def running_choices(request: Request, admitted: Mapping[str, Request]) -> int:
+    """How many choices of ``request``'s request are in slots now (0 for a request with
+    one choice); ``admitted``: the engine's requests by key, queued or running."""
+    group = request.choices
+    if group is None:
+        return 0
+    return sum(1 for r in group.requests if r.seq_id >= 0 and r.key in admitted)

@@ -3,11 +3,15 @@ needs, so that no client can hold the others out with connections alone.
 
 - A connection has ``header_timeout_s`` to send a whole request head, from when it opens
   and again after each response (a silent or half-sent request is closed; uvicorn alone
-  waits forever). The body has its own bound (``_app``: 408 after 60 s).
+  waits forever). The body has its own bound (``_app``: 408 after 60 s); a connection
+  whose client still sends a body its response did not wait for is closed with the
+  response (it would otherwise trickle it forever, out of every timer's reach).
 - An idle keep-alive connection closes after ``keep_alive_s`` (uvicorn's own timer).
-- Past ``max_connections`` in all, or ``max_connections_per_client`` from one address,
-  a connection's requests get a JSON 503 with ``Retry-After`` and ``Connection: close``
-  (uvicorn's ``limit_concurrency`` sends plain text), and its head timer is 1 s.
+- Past ``max_connections`` in all, or ``max_connections_per_client`` from one address
+  (an IPv6 client's /64), a connection's requests get a JSON 503 with ``Retry-After`` and
+  ``Connection: close`` (uvicorn's ``limit_concurrency`` sends plain text), and its head
+  timer is 1 s; connections refused for their address do not count in the total, so one
+  address cannot push the others past it.
 
 Runs in the event loop's thread.
 """
@@ -15,6 +19,7 @@ Runs in the event loop's thread.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections import Counter
 from typing import Any
 
@@ -47,10 +52,21 @@ def _refusal(message: str) -> Any:
     return refuse
 
 
+def _client_key(host: str) -> str:
+    """Whose connection this is: the address, or an IPv6 address's /64 (one client's)."""
+    if ":" not in host:
+        return host
+    try:
+        return str(ipaddress.ip_network(f"{host}/64", strict=False))
+    except ValueError:
+        return host
+
+
 def guarded_protocol(settings: HttpSettings) -> type[H11Protocol]:
     """The h11 protocol class for uvicorn's ``http`` option, bounded by ``settings``
     (``header_timeout_s``, ``max_connections``, ``max_connections_per_client``)."""
     per_client: Counter[str] = Counter()
+    refused_here: set[H11Protocol] = set()  # refused for their address: not in the total
     total = settings.max_connections
     most = settings.max_connections_per_client
     too_many = _refusal(f"the server has {total} connections open, its limit: retry later")
@@ -62,18 +78,20 @@ def guarded_protocol(settings: HttpSettings) -> type[H11Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._address = self.client[0] if self.client else None
+            self._address = _client_key(self.client[0]) if self.client else None
             timeout = settings.header_timeout_s
-            if len(self.connections) > total:
-                self.app, timeout = too_many, _OVER_LIMIT_HEADER_TIMEOUT_S
             if self._address is not None:
                 per_client[self._address] += 1
                 if most and per_client[self._address] > most:
                     self.app, timeout = too_many_here, _OVER_LIMIT_HEADER_TIMEOUT_S
+                    refused_here.add(self)
+            if self not in refused_here and len(self.connections) - len(refused_here) > total:
+                self.app, timeout = too_many, _OVER_LIMIT_HEADER_TIMEOUT_S
             self._arm(timeout)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            refused_here.discard(self)
             if self._address is not None:
                 per_client[self._address] -= 1
                 if per_client[self._address] <= 0:
@@ -87,6 +105,8 @@ def guarded_protocol(settings: HttpSettings) -> type[H11Protocol]:
                 self._disarm()  # the request's head is in
 
         def on_response_complete(self) -> None:
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                self.transport.close()  # answered before its body came (404, 413, 408...): no more
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm(settings.header_timeout_s)  # the next request's head, within the bound too

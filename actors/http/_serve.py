@@ -127,6 +127,7 @@ def uvicorn_config(
         # microseconds per event, under the noise of bench/http.py. Ours adds a header
         # timeout and connection bounds that answer in JSON (_guard).
         http=guarded_protocol(settings),
+        ws="none",  # no WebSocket routes: an upgrade is an ordinary request (404), never a protocol switch
         timeout_keep_alive=settings.keep_alive_s,
     )
 

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import telemetry
-from actors import EngineStopped, GetInfo, GetStats, GetTokenizer, ModelLoadError
+from actors import EngineStopped, GetInfo, GetStats, GetTokenizer, ModelFailedLately, ModelLoadError
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._settings import HttpSettings
 
@@ -212,6 +212,8 @@ class ModelViews:
                     try:
                         await asyncio.get_running_loop().run_in_executor(self._loads, self.manager.load, name)
                         return
+                    except ModelFailedLately as e:
+                        raise from_engine_error(e) from None  # waiting would not help it
                     except ModelLoadError as e:
                         if late or not await self.root.call(self._may_free, name):
                             raise from_engine_error(e) from None

@@ -55,6 +55,7 @@ class Model:
     loaded_at: float = 0.0
     loads: int = 0
     last_error: str | None = None
+    failed_at: float = 0.0  # monotonic: when its engine last failed (a load, a crash)
 
     def labels(self) -> set[str]:
         """What telemetry calls its replicas (``metadata["replica"]``, the Prometheus

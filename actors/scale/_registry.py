@@ -21,6 +21,7 @@ from actors.contract._errors import (
     EngineError,
     InvalidRequest,
     MemoryBudgetExceeded,
+    ModelFailedLately,
     ModelLoadError,
     QueueFull,
 )
@@ -48,6 +49,7 @@ _MIB = 1 << 20
 # How often the manager looks for models idle past their keep_alive, at most and least.
 _SWEEP_MIN_S, _SWEEP_MAX_S = 0.05, 5.0
 _STOP_WAIT_S = 30.0  # how long a load waits for the idle engines it unloaded to stop
+_FAILED_BACKOFF_S = 60.0  # a model that failed lately unloads no working model to load again
 _LOAD_WAIT_S = 3600.0  # how long a load may take before the manager stops watching it
 
 
@@ -237,20 +239,20 @@ class ManagerActor(pykka.ThreadingActor):
     def _load(self, model: Model) -> None:
         """Start the model's engine (its model loads in the engine's thread), first
         unloading idle models, least recently used first, when it would not fit (not for a
-        model whose last load failed: it loads again only where there is room)."""
+        model whose engine failed lately: ``ModelFailedLately``)."""
         try:
             # The file is read again: it may have changed since it was registered.
             model.estimate = times(estimate_options(model.checked), model.replicas)
         except ModelLoadError as e:
-            model.last_error = str(e)
+            model.last_error, model.failed_at = str(e), time.monotonic()
             raise
         needed = model.estimate.total_mb
         victims = self._victims(model, needed)
-        if victims and model.last_error is not None:
-            # Its last load failed: it may try again, but not at the cost of models that work.
-            raise ModelLoadError(
-                f"model {model.name!r} failed to load last time ({model.last_error}); it loads "
-                "again only when it fits without unloading another model"
+        if victims and model.failed_at and time.monotonic() - model.failed_at < _FAILED_BACKOFF_S:
+            # It failed lately: it may try again, but not at the cost of models that work.
+            raise ModelFailedLately(
+                f"model {model.name!r} failed lately ({model.last_error}); it loads again without "
+                f"unloading a working model only {_FAILED_BACKOFF_S:.0f} s after that"
             )
         for victim in victims:
             self._unload(victim, "evicted")
@@ -265,7 +267,7 @@ class ManagerActor(pykka.ThreadingActor):
                 replicas=model.replicas, name=model.name, max_restarts=0, **model.options
             )
         except Exception as e:
-            model.last_error = repr(e)
+            model.last_error, model.failed_at = repr(e), time.monotonic()
             raise
         model.loads += 1
         model.generation += 1
@@ -326,7 +328,7 @@ class ManagerActor(pykka.ThreadingActor):
         if pool is None:
             return
         if reason == "failed" or pool.gave_up() is not None:
-            model.last_error = pool.gave_up()
+            model.last_error, model.failed_at = pool.gave_up(), time.monotonic()
         token = object()
         ref = self.actor_ref
         stopper = threading.Thread(
