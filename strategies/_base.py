@@ -236,10 +236,10 @@ class BatchStrategy(abc.ABC):
 
         Returns:
             From 0 (no pass this tick) to ``budget.rows_max``. By default: 16 rows until
-            the times are measured; then rows that cost at most three quarters of a
-            generating tick, and no pass while embeddings had more than two thirds of
-            the time the rest of the ticks had lately. A stream beside embeddings then runs at least
-            about half as fast as alone, and no pass holds it up for longer than a tick.
+            the times are measured; then the rows that cost three quarters of a
+            generating tick (at least one), and no pass while embeddings had more than
+            two thirds of the time the rest of the ticks had lately. A stream beside
+            embeddings then runs at least about half as fast as alone.
         """
         if budget.generation_ms <= 0.0 or budget.row_ms <= 0.0:
             return min(budget.rows_max, 16)
