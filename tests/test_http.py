@@ -571,6 +571,13 @@ def test_a_full_queue_is_a_503_with_retry_after(model_path: str) -> None:
         server.stop()
 
 
+def _ask_raw(sock: socket.socket, data: bytes) -> bytes:
+    """Send raw bytes of HTTP and return the first bytes of the answer."""
+    sock.sendall(data)
+    sock.settimeout(10)
+    return sock.recv(4096)
+
+
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
     """Whether the server closes ``sock`` within ``seconds`` (EOF or a reset)."""
     sock.settimeout(seconds)
@@ -651,18 +658,16 @@ def test_connection_bounds_hold_against_tricks(model_path: str) -> None:
     try:
         server.wait_ready()
         with socket.create_connection(("127.0.0.1", port)) as early:
-            early.sendall(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{")
-            early.settimeout(10)
-            assert early.recv(4096).startswith(b"HTTP/1.1 404")
+            head = b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{"
+            assert _ask_raw(early, head).startswith(b"HTTP/1.1 404")
             assert _closed_within(early, 2)  # not kept for the rest of a body nobody reads
         for _ in range(6):  # more upgrades than the address may hold connections
             with socket.create_connection(("127.0.0.1", port)) as upgrade:
-                upgrade.sendall(
+                head = (
                     b"GET /health HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
                 )
-                upgrade.settimeout(10)
-                assert upgrade.recv(4096).startswith(b"HTTP/1.1 200")  # an ordinary request
+                assert _ask_raw(upgrade, head).startswith(b"HTTP/1.1 200")  # an ordinary request
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # its count came back
         crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
         try:
@@ -688,13 +693,10 @@ def test_a_slow_body_and_an_idle_keep_alive_connection_are_bounded(
     try:
         server.wait_ready()
         with socket.create_connection(("127.0.0.1", port)) as slow:
-            slow.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-            slow.settimeout(10)
-            assert slow.recv(4096).startswith(b"HTTP/1.1 408")
+            head = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
+            assert _ask_raw(slow, head).startswith(b"HTTP/1.1 408")
         with socket.create_connection(("127.0.0.1", port)) as idle_one:
-            idle_one.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            idle_one.settimeout(10)
-            assert idle_one.recv(4096).startswith(b"HTTP/1.1 200")
+            assert _ask_raw(idle_one, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")
             opened = time.monotonic()
             assert _closed_within(idle_one, 5) and time.monotonic() - opened < 3
     finally:
