@@ -10,7 +10,7 @@ from typing import Any
 
 import pykka
 import pytest
-from helpers import NO_EOG, Recorder, same_greedy
+from helpers import NO_EOG, Recorder, same_greedy, wait_until
 
 import telemetry
 from actors import (
@@ -91,8 +91,10 @@ def test_an_exception_while_sampling_fails_only_that_request(server: pykka.Actor
             doomed.append(index)
             raise RuntimeError("sampler exploded")
 
-    others = [server.ask(Generate(f"Plain {i}", max_tokens=10, logit_bias=NO_EOG)) for i in range(3)]
-    time.sleep(0.2)  # all three are decoding: batch rows 0, 1, 2
+    others = [server.ask(Generate(f"Plain {i}", max_tokens=40, logit_bias=NO_EOG)) for i in range(3)]
+    # All three are decoding (batch rows 0, 1, 2) before the fault: a fixed sleep was too
+    # long once decoding got faster, and every request had ended.
+    wait_until(lambda: server.ask(GetStats())["generating_slots"] == 3, seconds=30)
     faults.sample = sample
     outcomes = []
     for future in others:
@@ -102,7 +104,7 @@ def test_an_exception_while_sampling_fails_only_that_request(server: pykka.Actor
             outcomes.append(str(e))
     failed = [o for o in outcomes if isinstance(o, str)]
     assert len(failed) == 1 and "sampler exploded" in failed[0]
-    assert sorted(o for o in outcomes if isinstance(o, int)) == [10, 10]
+    assert sorted(o for o in outcomes if isinstance(o, int)) == [40, 40]
 
 
 def test_a_slow_receiver_slows_but_does_not_stop_the_engine(server: pykka.ActorRef[Any]) -> None:
