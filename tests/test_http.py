@@ -967,6 +967,39 @@ def test_a_huge_prompt_is_prepared_off_the_event_loop(running: Running, prompt: 
     assert len(waits) >= 3 and max(waits) < max(0.25, sent["s"] / 4), (max(waits), sent["s"])
 
 
+def test_one_clients_bodies_leave_work_threads_to_the_others() -> None:
+    # A hostile review: the 4 work threads that read bodies were first come, first served,
+    # so one client's many 4 MB bodies made every other client's request wait behind them.
+    from actors.http._service import PARSE_TURNS, Service
+
+    service = Service(HttpSettings(), lambda: None)
+    release = threading.Event()
+    started: list[str] = []
+
+    def job(name: str) -> str:
+        started.append(name)
+        release.wait(30)
+        return name
+
+    async def scenario() -> list[str]:
+        mine = [asyncio.ensure_future(service.parse("a", lambda i=i: job(f"a{i}"))) for i in range(4)]
+        await asyncio.sleep(0.3)
+        other = asyncio.ensure_future(service.parse("b", lambda: job("b")))
+        await asyncio.sleep(0.3)
+        seen = sorted(started)
+        release.set()
+        assert sorted(await asyncio.gather(*mine, other)) == ["a0", "a1", "a2", "a3", "b"]
+        return seen
+
+    try:
+        assert asyncio.run(scenario()) == sorted([f"a{i}" for i in range(PARSE_TURNS)] + ["b"])
+        assert not service._parsing  # no client's turns outlive its requests
+    finally:
+        release.set()
+        service.work.shutdown(wait=True)
+        service.control.shutdown(wait=True)
+
+
 def test_a_model_name_that_is_not_valid_unicode_is_never_echoed(running: Running) -> None:
     # /v1/embeddings echoed any string (a lone surrogate made its reply a 500); every
     # endpoint now echoes the request's name only when it is a sensible one, as chat does.

@@ -19,7 +19,6 @@ Runs in the event loop's thread.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from collections import Counter
 from typing import Any
 
@@ -28,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from actors.http._errors import RETRY_AFTER_S, error_body
+from actors.http._service import client_key
 from actors.http._settings import HttpSettings
 
 __all__ = ["guarded_protocol"]
@@ -52,16 +52,6 @@ def _refusal(message: str) -> Any:
     return refuse
 
 
-def _client_key(host: str) -> str:
-    """Whose connection this is: the address, or an IPv6 address's /64 (one client's)."""
-    if ":" not in host:
-        return host
-    try:
-        return str(ipaddress.ip_network(f"{host}/64", strict=False))
-    except ValueError:
-        return host
-
-
 def guarded_protocol(settings: HttpSettings) -> type[H11Protocol]:
     """The h11 protocol class for uvicorn's ``http`` option, bounded by ``settings``
     (``header_timeout_s``, ``max_connections``, ``max_connections_per_client``)."""
@@ -78,7 +68,7 @@ def guarded_protocol(settings: HttpSettings) -> type[H11Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._address = _client_key(self.client[0]) if self.client else None
+            self._address = client_key(self.client[0]) if self.client else None
             timeout = settings.header_timeout_s
             if self._address is not None:
                 per_client[self._address] += 1

@@ -39,7 +39,7 @@ from actors.http._params import (
     sampling_options,
     stream_options,
 )
-from actors.http._service import Service, routed
+from actors.http._service import Service, request_client, routed
 from actors.http._stream import EventStream, unless_disconnected
 
 __all__ = [
@@ -200,8 +200,9 @@ async def completion(request: Request) -> Response | EventStream:
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required")
     # Off the event loop: a prompt's text pieces are tokenized, its ids checked.
-    prompts, options = await service.run(
-        lambda: (prompts_of(body["prompt"], service.tokenize), completion_options(service, body))
+    prompts, options = await service.parse(
+        request_client(service, request),
+        lambda: (prompts_of(body["prompt"], service.tokenize), completion_options(service, body)),
     )
     streaming, per_token = stream_options(body)
     stream = body.get("stream") is True

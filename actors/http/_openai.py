@@ -46,7 +46,7 @@ from actors.http._params import (
     template_kwargs,
     tools_option,
 )
-from actors.http._service import Service, routed
+from actors.http._service import Service, request_client, routed
 from actors.http._stream import EventStream
 
 __all__ = ["chat_completions", "completions", "input_tokens"]
@@ -161,8 +161,9 @@ async def completions(request: Request) -> Response | EventStream:
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required")
     # Off the event loop: a prompt's text pieces are tokenized, its ids checked.
-    prompts, options = await service.run(
-        lambda: (prompts_of(body["prompt"], service.tokenize), _options(service, body, chat=False))
+    prompts, options = await service.parse(
+        request_client(service, request),
+        lambda: (prompts_of(body["prompt"], service.tokenize), _options(service, body, chat=False)),
     )
     post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)
@@ -272,7 +273,8 @@ async def chat_completions(request: Request) -> Response | EventStream:
     body = request.state.json
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
-    messages, turn, options = await service.run(_chat_request, service, body)  # off the event loop
+    client = request_client(service, request)
+    messages, turn, options = await service.parse(client, lambda: _chat_request(service, body))
     post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)
     cmpl_id, model = f"chatcmpl-{secrets.token_hex(12)}", echoed_model(body, service.model_ids[0])

@@ -14,6 +14,7 @@ the engine's thread (it only replaces one reference).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import sys
@@ -32,7 +33,7 @@ from actors.http._settings import HttpSettings
 from actors.http._stream import unless_disconnected
 from actors.http._views import ModelViews
 
-__all__ = ["Service", "routed"]
+__all__ = ["PARSE_TURNS", "Service", "client_key", "request_client", "routed"]
 
 T = TypeVar("T")
 
@@ -41,6 +42,20 @@ _log = logging.getLogger("llama_cpp_actors.http")
 # How long one call to the engine for its metadata may take (the model loads first).
 _LOAD_TIMEOUT_S = 600.0
 _CALL_TIMEOUT_S = 30.0
+
+
+PARSE_TURNS = 2
+"""Request bodies one client may have read in work threads at once (of 4)."""
+
+
+def client_key(host: str) -> str:
+    """Whose connection or request this is: the address, or an IPv6 address's /64."""
+    if ":" not in host:
+        return host
+    try:
+        return str(ipaddress.ip_network(f"{host}/64", strict=False))
+    except ValueError:
+        return host
 
 
 class Service:
@@ -76,10 +91,13 @@ class Service:
         self.work: ThreadPoolExecutor
         self.metrics: Metrics | None
         self.t_started: float
+        self._parsing: dict[str, tuple[asyncio.Semaphore, list[int]]]  # per client: its turns, its jobs
         if parent is not None:
             self.control, self.work = parent.control, parent.work
             self.t_started, self.metrics = parent.t_started, parent.metrics
+            self._parsing = parent._parsing
             return
+        self._parsing = {}
         # Worker threads of their own, so a burst of long prompts being prepared (in the
         # loop's default executor) never delays /slots, /metrics or /tokenize.
         self.control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llama-cpp-actors-http-control")
@@ -127,6 +145,20 @@ class Service:
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` in a work thread (tokenizing, templates)."""
         return await asyncio.get_running_loop().run_in_executor(self.work, function, *args)
+
+    async def parse(self, client: str, function: Callable[[], T]) -> T:
+        """``function()`` (a request body read into prompts and options) in a work thread,
+        at most ``PARSE_TURNS`` of ``client``'s at once (event loop): one client's huge
+        bodies leave the other work threads to the others."""
+        turns, jobs = self._parsing.setdefault(client, (asyncio.Semaphore(PARSE_TURNS), [0]))
+        jobs[0] += 1
+        try:
+            async with turns:
+                return await self.run(function)
+        finally:
+            jobs[0] -= 1
+            if not jobs[0]:
+                del self._parsing[client]
 
     def close(self) -> None:
         """Stop the engine (lifespan shutdown)."""
@@ -208,3 +240,12 @@ def lower_priority(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, nice)  # 0: the calling thread, on Linux
     except OSError as e:
         _log.warning("could not lower the event loop's priority: %s", e)
+
+
+def request_client(service: Service, request: Request) -> str:
+    """Who sent ``request``: its API key when the server has keys (the gate checked it),
+    else its address (``client_key``); the turns of :meth:`Service.parse` are per client."""
+    headers = request.headers
+    if service.settings.api_keys:
+        return "key:" + (headers.get("authorization") or headers.get("x-api-key") or "")
+    return client_key(request.client.host) if request.client else ""
