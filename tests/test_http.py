@@ -991,6 +991,17 @@ def test_one_clients_bodies_leave_work_threads_to_the_others() -> None:
         assert sorted(await asyncio.gather(*mine, other)) == ["a0", "a1", "a2", "a3", "b"]
         return seen
 
+    # Who a client is: the key the gate matched (both of a key's headers), else the address.
+    from starlette.requests import Request
+
+    from actors.http._service import CLIENT, request_client
+
+    def scope(host: str, state: dict[str, Any]) -> Any:
+        return {"type": "http", "headers": [], "client": (host, 1), "state": state}
+
+    assert request_client(Request(scope("10.0.0.1", {CLIENT: "key#0"}))) == "key#0"
+    assert request_client(Request(scope("10.0.0.1", {}))) == "10.0.0.1"
+    assert request_client(Request(scope("2001:db8::1", {}))) == "2001:db8::/64"
     try:
         assert asyncio.run(scenario()) == sorted([f"a{i}" for i in range(PARSE_TURNS)] + ["b"])
         assert not service._parsing  # no client's turns outlive its requests

@@ -30,7 +30,7 @@ from actors import EngineError
 from actors.http import _embeddings, _info, _models, _native, _openai
 from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
 from actors.http._generation import error_event
-from actors.http._service import Service
+from actors.http._service import CLIENT, Service
 from actors.http._settings import HttpSettings
 from actors.http._stream import ClientGone, EventStream
 
@@ -223,6 +223,9 @@ class _Gate:
             if key is None:
                 await self._reply(send, 401, "Invalid API Key", cors)
                 return
+            state = scope.get("state")
+            if isinstance(state, dict):  # the key, not its text, names the client (request_client)
+                state[CLIENT] = f"key#{self.keys.index(key)}"
             most = settings.max_connections_per_client
             if most and self.per_key.get(key, 0) >= most:
                 await self._reply(send, 503, f"this API key has {most} requests in flight, its limit", cors)

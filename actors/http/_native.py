@@ -201,7 +201,7 @@ async def completion(request: Request) -> Response | EventStream:
         raise HttpError(400, "'prompt' is required")
     # Off the event loop: a prompt's text pieces are tokenized, its ids checked.
     prompts, options = await service.parse(
-        request_client(service, request),
+        request_client(request),
         lambda: (prompts_of(body["prompt"], service.tokenize), completion_options(service, body)),
     )
     streaming, per_token = stream_options(body)

@@ -162,7 +162,7 @@ async def completions(request: Request) -> Response | EventStream:
         raise HttpError(400, "'prompt' is required")
     # Off the event loop: a prompt's text pieces are tokenized, its ids checked.
     prompts, options = await service.parse(
-        request_client(service, request),
+        request_client(request),
         lambda: (prompts_of(body["prompt"], service.tokenize), _options(service, body, chat=False)),
     )
     post = bool(options.get("post_sampling_probs"))
@@ -273,7 +273,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
     body = request.state.json
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
-    client = request_client(service, request)
+    client = request_client(request)
     messages, turn, options = await service.parse(client, lambda: _chat_request(service, body))
     post = bool(options.get("post_sampling_probs"))
     streaming, per_token = stream_options(body)

@@ -33,7 +33,7 @@ from actors.http._settings import HttpSettings
 from actors.http._stream import unless_disconnected
 from actors.http._views import ModelViews
 
-__all__ = ["PARSE_TURNS", "Service", "client_key", "request_client", "routed"]
+__all__ = ["CLIENT", "PARSE_TURNS", "Service", "client_key", "request_client", "routed"]
 
 T = TypeVar("T")
 
@@ -43,6 +43,9 @@ _log = logging.getLogger("llama_cpp_actors.http")
 _LOAD_TIMEOUT_S = 600.0
 _CALL_TIMEOUT_S = 30.0
 
+
+CLIENT = "llama_cpp_actors.client"
+"""In a request's scope state: which API key the gate matched (``key#<index>``)."""
 
 PARSE_TURNS = 2
 """Request bodies one client may have read in work threads at once (of 4)."""
@@ -242,10 +245,12 @@ def lower_priority(nice: int) -> None:
         _log.warning("could not lower the event loop's priority: %s", e)
 
 
-def request_client(service: Service, request: Request) -> str:
-    """Who sent ``request``: its API key when the server has keys (the gate checked it),
-    else its address (``client_key``); the turns of :meth:`Service.parse` are per client."""
-    headers = request.headers
-    if service.settings.api_keys:
-        return "key:" + (headers.get("authorization") or headers.get("x-api-key") or "")
+def request_client(request: Request) -> str:
+    """Who sent ``request``: the API key the gate matched (``CLIENT`` in the scope's
+    state) when the server has keys, else its address (``client_key``); the turns of
+    :meth:`Service.parse` are per client."""
+    state = request.scope.get("state")
+    key = state.get(CLIENT) if isinstance(state, dict) else None
+    if key is not None:
+        return str(key)
     return client_key(request.client.host) if request.client else ""
