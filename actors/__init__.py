@@ -60,6 +60,8 @@ from actors.contract import (
     StreamTokens,
     Token,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
 )
 from actors.scale import ModelHandle, ModelManager, ServerPool
@@ -108,6 +110,8 @@ __all__ = [
     "Token",
     "TokenLogprob",
     "Tokenizer",
+    "ToolCall",
+    "ToolCallDelta",
     "TopLogprob",
     "__version__",
     "achat",

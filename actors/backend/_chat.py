@@ -8,39 +8,50 @@ tokenizing here: text inside message content that spells a special token
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from actors.contract._errors import InvalidRequest
 
-__all__ = ["chat_tokens", "prefill", "split_special"]
+__all__ = ["chat_tokens", "check_fields", "prefill", "split_special"]
 
 
-def prefill(messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], str]:
+def prefill(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
     """A chat that ends with an assistant message is a prefill (llama-server's and vLLM's
     rule): the history with the assistant's turn opened, then that content, which the
-    reply continues. Otherwise the chat as it is, with nothing after it."""
-    if len(messages) > 1 and messages[-1]["role"] == "assistant":
+    reply continues. Otherwise the chat as it is, with nothing after it. An assistant
+    message that made tool calls is history, never a prefill."""
+    if len(messages) > 1 and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
         return messages[:-1], messages[-1]["content"]
     return messages, ""
 
 
 def chat_tokens(
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     parse_special: bool,
-    render: Callable[[list[dict[str, str]]], str],
+    render: Callable[[list[dict[str, Any]]], str],
     specials: Mapping[str, int],
     tokenize: Callable[[str, bool], list[int]],
     suffix: str = "",
+    rendered: str | None = None,
 ) -> list[int]:
     """The tokens of ``messages`` rendered by ``render`` (the chat template), then of
     ``suffix`` (an assistant's prefill: content, after the template's text).
 
     ``specials`` maps the text of each special token to its id; ``tokenize(text,
     parse_special)`` tokenizes without adding special tokens. With ``parse_special``,
-    special-token text in content becomes special tokens too.
+    special-token text in content becomes special tokens too. ``rendered`` is
+    ``render(messages)`` when the caller has it already.
+
+    Raises:
+        InvalidRequest: special-token text sits where it cannot be kept as text.
     """
-    rendered = render(messages)
+    if rendered is None:
+        rendered = render(messages)
+    if not parse_special:
+        check_fields(messages, specials)
     contents = [m["content"] for m in messages]
     if parse_special or not any(text in c for c in [*contents, suffix] for text in specials):
         # As create_chat_completion: the template writes its own BOS, if any.
@@ -102,3 +113,19 @@ def split_special(text: str, specials: Mapping[str, int]) -> list[tuple[str, int
 
 def _text(tokenize: Callable[[str, bool], list[int]], text: str) -> list[int]:
     return tokenize(text, False) if text else []
+
+
+def check_fields(messages: list[dict[str, Any]], specials: Mapping[str, int]) -> None:
+    """Only ``content`` is kept as text around the template's special tokens: any other
+    field the template renders (a tool call's arguments, a name, thinking) must not
+    spell one, or it could forge a turn."""
+    others = [{k: v for k, v in m.items() if k not in ("role", "content")} for m in messages]
+    if not any(others):
+        return
+    text = json.dumps(others, ensure_ascii=False)
+    for special in specials:
+        if special in text:
+            raise InvalidRequest(
+                f"a message's tool calls, name or reasoning spell the special token {special!r}; "
+                "only content may (it is kept as text), or pass parse_special=True"
+            )

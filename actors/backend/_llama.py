@@ -28,18 +28,32 @@ import numpy as np
 import numpy.typing as npt
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from actors.backend._chat import chat_tokens, prefill
+from actors.backend._chat import chat_tokens, check_fields, prefill
 from actors.backend._faults import faults
 from actors.backend._greedy import GREEDY_TEMP, DeadEnd, _Greedy
 from actors.backend._options import BackendOptions
 from actors.backend._readers import _Readers
 from actors.backend._rows import put_rows
 from actors.backend._template import ChatTemplate
+from actors.chat import (
+    ReplySpec,
+    TemplateInfo,
+    ToolGrammar,
+    chat_grammar,
+    detect,
+    template_messages,
+    template_tools,
+)
 from actors.contract._checks import _template_variables
 from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, ModelLoadError
-from actors.contract._messages import SamplingParams
+from actors.contract._messages import Chat, SamplingParams, StreamChat
+from actors.contract._schema import grammar_for_schema
 
-__all__ = ["LlamaBackend", "exact_attention", "llama_cpp_version"]
+__all__ = ["LlamaBackend", "Triggers", "exact_attention", "llama_cpp_version"]
+
+Triggers = tuple[tuple[str, ...], tuple[int, ...]]
+"""What wakes a lazy grammar: regular expressions searched in the reply so far, and
+token ids."""
 
 _log = logging.getLogger("llama_cpp_actors.llama_cpp")
 
@@ -235,6 +249,12 @@ class LlamaBackend:
         self._specials = self._special_texts()
         self._chat = None if draft else self._chat_formatter()
         self.has_chat_template: bool = self._chat is not None
+        # What the template speaks (its tool-call format) and renders: probed once.
+        self.chat_info: TemplateInfo | None = (
+            detect(self._chat.source, lambda m, tools: self._render(m, None, True, tools))
+            if self._chat is not None
+            else None
+        )
         self.n_decode_calls = 0
         self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
         self._candidates = _candidates(self.n_vocab)
@@ -332,6 +352,59 @@ class LlamaBackend:
             )
         except Exception as e:  # the template's raise_exception, or a Jinja error
             raise InvalidRequest(f"the chat template refused these messages: {e}") from None
+
+    def chat_prompt(
+        self, message: Chat | StreamChat, reasoning_format: str = "auto"
+    ) -> tuple[list[int], ToolGrammar | None, ReplySpec | None]:
+        """A chat request's prompt tokens, its tool grammar (or None) and how to read
+        its reply (None: the text is the content), in the caller's thread.
+
+        ``reasoning_format`` is the server's default for requests that set none.
+
+        Raises:
+            InvalidRequest: the template refuses the chat, a tool is refused, or a
+                field other than content spells a special token.
+        """
+        info = self.chat_info
+        if info is None:
+            raise InvalidRequest("the model has no chat template")
+        tools, choice = message.tools, message.tool_choice or "auto"
+        variables = dict(message.template_kwargs or {})
+        if info.enable_thinking and "enable_thinking" not in {**self._template_defaults, **variables}:
+            variables["enable_thinking"] = True  # as llama-server: a template that can think does
+        described = template_tools(tools, info)
+        history, suffix = prefill(template_messages(message.messages, info, tools, choice))
+        add = message.add_generation_prompt or bool(suffix)
+        rendered = self._render(history, variables, add, described)
+        reasoning = (message.reasoning_format or reasoning_format) != "none"
+        syntax = info.syntax
+        thinking = bool(
+            reasoning and syntax.think and not suffix and rendered.rstrip().endswith(syntax.think[0])
+        )
+        grammar = chat_grammar(
+            info,
+            tools=tools,
+            choice=choice,
+            parallel=message.parallel_tool_calls,
+            convert=lambda schema: grammar_for_schema(schema, self.json_schema_grammar),
+            thinking=thinking,
+            response_schema=message.json_schema,
+        )
+        if not message.parse_special and described:
+            check_fields([{"role": "tools", "tools": described}], self._specials)
+        prompt = chat_tokens(
+            history,
+            message.parse_special,
+            lambda chat: self._render(chat, variables, add, described),
+            self._specials,
+            lambda text, special: self.tokenize(text, add_special=False, parse_special=special),
+            suffix,
+            rendered=rendered,
+        )
+        tools_on = bool(tools) and choice != "none"
+        if not tools_on and not (reasoning and syntax.think):
+            return prompt, None, None
+        return prompt, grammar, ReplySpec(syntax, tools=tools_on, reasoning=reasoning, thinking=thinking)
 
     def tokenize_chat(
         self,
@@ -469,8 +542,13 @@ class LlamaBackend:
         params: SamplingParams,
         logit_bias: dict[int, float] | None,
         history: list[int],
+        triggers: Triggers | None = None,
     ) -> _Greedy | _Chain:
         """Build a sampler for one request; raises ``InvalidRequest`` on a bad grammar.
+
+        With ``triggers`` the grammar is lazy: it constrains nothing until the reply
+        matches one of the trigger patterns or samples one of the trigger tokens, and
+        everything from there (a tool call's marker on) after.
 
         ``history`` is the prompt: its tail feeds the repetition penalties. Plain greedy
         sampling (no penalties, no grammar) skips llama.cpp's sampler chain, which
@@ -511,7 +589,7 @@ class LlamaBackend:
                         _lc.llama_sampler_accept(penalties, token)
                     _lc.llama_sampler_chain_add(filters, penalties)
             if params.grammar is not None:
-                chain.grammar = self._grammar_sampler(params.grammar)
+                chain.grammar = self._grammar_sampler(params.grammar, triggers)
             select = chain.select = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
             if greedy:
                 chain.greedy = True
@@ -536,9 +614,18 @@ class LlamaBackend:
             biases[i].bias = bias if math.isfinite(bias) else -math.inf
         return _lc.llama_sampler_init_logit_bias(self.n_vocab, len(logit_bias), biases)
 
-    def _grammar_sampler(self, grammar: str) -> Any:
-        """A grammar sampler of an already checked grammar (any thread, vocab held open)."""
-        sampler = _lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+    def _grammar_sampler(self, grammar: str, triggers: Triggers | None = None) -> Any:
+        """A grammar sampler of an already checked grammar (any thread, vocab held open);
+        lazy, waiting for one of ``triggers``, when given."""
+        if triggers is not None:
+            patterns, tokens = triggers
+            c_patterns = (ctypes.c_char_p * max(len(patterns), 1))(*[p.encode() for p in patterns])
+            c_tokens = (_lc.llama_token * max(len(tokens), 1))(*tokens)
+            sampler = _lc.llama_sampler_init_grammar_lazy_patterns(
+                self._vocab, grammar.encode(), b"root", c_patterns, len(patterns), c_tokens, len(tokens)
+            )
+        else:
+            sampler = _lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
         if not sampler:
             raise InvalidRequest("grammar does not parse (llama.cpp logs the reason)")
         return sampler
@@ -825,6 +912,17 @@ class LlamaBackend:
     def piece(self, token: int) -> bytes:
         """The bytes of one token as generated text (special tokens render empty)."""
         return self._pieces[token]
+
+    def special_piece(self, token: int) -> bytes:
+        """The bytes of one token with special tokens spelled out (``[TOOL_CALLS]``): for
+        the markers a reply parser reads (engine thread)."""
+        buf = ctypes.create_string_buffer(256)
+        n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)]
+
+    def special_token(self, text: str) -> int | None:
+        """The special token spelled ``text``, if the vocabulary has one (any thread)."""
+        return self._specials.get(text)
 
     def _load_piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(256)

@@ -93,6 +93,7 @@ class ChatTemplate:
         )
         environment.filters["tojson"] = _tojson
         self._template = environment.from_string(template)
+        self.source = template
         self.bos_token = bos_token
         self.eos_token = eos_token
 

@@ -45,6 +45,8 @@ from actors.contract._results import (
     StopReason,
     Token,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
 )
 
@@ -83,5 +85,7 @@ __all__ = [
     "StreamTokens",
     "Token",
     "TokenLogprob",
+    "ToolCall",
+    "ToolCallDelta",
     "TopLogprob",
 ]

@@ -56,7 +56,7 @@ MAX_LOGIT_BIAS = 1 << 18
 """Chat messages, and logit_bias entries, per request at most."""
 MAX_ID_LENGTH = 256
 """Characters in a ``request_id``, ``cache_scope`` or ``session`` at most."""
-ROLES = frozenset({"system", "user", "assistant"})
+ROLES = frozenset({"system", "user", "assistant", "tool"})
 """The roles a chat message may have."""
 MAX_TEMPLATE_KWARGS_BYTES = 64 * 1024
 """The JSON text of a chat's ``template_kwargs`` at most, in bytes (64 KiB)."""
@@ -251,33 +251,6 @@ def _check_reply_to(reply_to: object) -> None:
         callable(getattr(reply_to, "put", None)),
         "reply_to must have a put() method, e.g. queue.Queue",
     )
-
-
-def _checked_chat(messages: object) -> tuple[Mapping[str, str], ...]:
-    _require(
-        isinstance(messages, Sequence) and not isinstance(messages, str | bytes),
-        "messages must be a list of {'role': ..., 'content': ...} dicts",
-    )
-    assert isinstance(messages, Sequence)
-    _require(len(messages) > 0, "messages must not be empty")
-    _require(len(messages) <= MAX_CHAT_MESSAGES, f"a chat may have at most {MAX_CHAT_MESSAGES} messages")
-    checked = []
-    total = 0
-    for message in tuple(messages):
-        _require(isinstance(message, Mapping), f"a chat message must be a dict, got {type(message).__name__}")
-        role, content = message.get("role"), message.get("content")
-        _require(
-            isinstance(role, str) and role in ROLES,
-            f"unknown role {_show(role)}; expected one of {sorted(ROLES)}",
-        )
-        _require(isinstance(content, str), f"a {role} message needs a str content")
-        text = _checked_text(f"a {role} message's content", content, MAX_PROMPT_CHARS)
-        total += len(text)
-        _require(
-            total <= MAX_PROMPT_CHARS, f"a chat's contents may have at most {MAX_PROMPT_CHARS} characters"
-        )
-        checked.append(MappingProxyType({"role": str.__getitem__(role, slice(None)), "content": text}))
-    return tuple(checked)
 
 
 def _checked_template_kwargs(value: object, name: str = "template_kwargs") -> Mapping[str, Any]:

@@ -24,7 +24,6 @@ from actors.contract._checks import (
     _check_prompt,
     _check_reply_to,
     _checked_bias,
-    _checked_chat,
     _checked_float,
     _checked_sampling,
     _checked_schema,
@@ -36,6 +35,7 @@ from actors.contract._checks import (
     _show,
 )
 from actors.contract._embed import Embed
+from actors.contract._tools import REASONING_FORMATS, checked_chat, checked_tool_choice, checked_tools
 
 if TYPE_CHECKING:
     import pykka
@@ -307,7 +307,7 @@ class Chat(_RequestMessage):
     that message (its text is not repeated in the ``Completion``).
     """
 
-    messages: Sequence[Mapping[str, str]] = field(kw_only=False)  # stored as a tuple
+    messages: Sequence[Mapping[str, Any]] = field(kw_only=False)  # stored as a tuple
     parse_special: bool = False
     """Let special-token text in message content (``<|im_start|>``) become special tokens;
     by default content is text, and special tokens come only from the template."""
@@ -320,9 +320,25 @@ class Chat(_RequestMessage):
     """Open the assistant's turn after the messages (the template's
     ``add_generation_prompt``); False renders the chat as it is, and the reply continues
     from there. A final assistant message is a prefill either way."""
+    tools: Sequence[Mapping[str, Any]] | None = None
+    """Functions the reply may call: OpenAI function tools, ``{"type": "function",
+    "function": {"name", "description", "parameters"}}`` (at most ``MAX_TOOLS``; names
+    unique). The chat template describes them as the model was trained; a template that
+    knows no tools gets the generic format (see the tool-calls guide). Stored frozen."""
+    tool_choice: str | Mapping[str, Any] | None = None
+    """``"auto"`` (the default: the reply may call tools or answer), ``"none"`` (it
+    answers; tools are still described), ``"required"`` (it must call at least one), or
+    ``{"type": "function", "function": {"name": ...}}`` (it must call that one).
+    ``"required"`` and a named function are enforced by a grammar."""
+    parallel_tool_calls: bool = True
+    """Whether one reply may make several calls (where the format can write several)."""
+    reasoning_format: str | None = None
+    """``"auto"`` or ``"deepseek"``: thinking (``<think>...</think>`` and the like) goes to
+    ``Completion.reasoning``; ``"none"``: it stays in the text. None is the server's
+    default (``"auto"`` unless it was started otherwise)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "messages", _checked_chat(self.messages))
+        object.__setattr__(self, "messages", checked_chat(self.messages))
         _check_chat_options(self)
         _RequestMessage._check_options(self)
 
@@ -331,7 +347,7 @@ class Chat(_RequestMessage):
 class StreamChat(_RequestMessage):
     """Like ``Chat``, streaming ``Token`` events then one ``Done``/``Failed`` to ``reply_to``."""
 
-    messages: Sequence[Mapping[str, str]] = field(kw_only=False)  # stored as a tuple
+    messages: Sequence[Mapping[str, Any]] = field(kw_only=False)  # stored as a tuple
     reply_to: ReplyTo
     parse_special: bool = False
     """As ``Chat.parse_special``."""
@@ -339,11 +355,19 @@ class StreamChat(_RequestMessage):
     """As ``Chat.template_kwargs``."""
     add_generation_prompt: bool = True
     """As ``Chat.add_generation_prompt``."""
+    tools: Sequence[Mapping[str, Any]] | None = None
+    """As ``Chat.tools``."""
+    tool_choice: str | Mapping[str, Any] | None = None
+    """As ``Chat.tool_choice``."""
+    parallel_tool_calls: bool = True
+    """As ``Chat.parallel_tool_calls``."""
+    reasoning_format: str | None = None
+    """As ``Chat.reasoning_format``."""
     progress: bool = False
     """As ``Stream.progress``."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "messages", _checked_chat(self.messages))
+        object.__setattr__(self, "messages", checked_chat(self.messages))
         _check_chat_options(self)
         _check_stream(self)
         _RequestMessage._check_options(self)
@@ -363,6 +387,33 @@ def _check_chat_options(message: Chat | StreamChat) -> None:
     )
     if message.template_kwargs is not None:
         object.__setattr__(message, "template_kwargs", _checked_template_kwargs(message.template_kwargs))
+    tools = None
+    if message.tools is not None and not (
+        isinstance(message.tools, list | tuple) and len(message.tools) == 0
+    ):
+        tools = checked_tools(message.tools)
+    object.__setattr__(message, "tools", tools)
+    object.__setattr__(message, "tool_choice", checked_tool_choice(message.tool_choice, tools))
+    _require(
+        isinstance(message.parallel_tool_calls, bool),
+        f"parallel_tool_calls must be a bool, got {_show(message.parallel_tool_calls)}",
+    )
+    _require(
+        message.reasoning_format is None
+        or (isinstance(message.reasoning_format, str) and message.reasoning_format in REASONING_FORMATS),
+        f"reasoning_format must be one of {sorted(REASONING_FORMATS)} or None, "
+        f"got {_show(message.reasoning_format)}",
+    )
+    if tools is not None and message.tool_choice != "none":
+        _require(
+            message.grammar is None,
+            "a chat with tools cannot take a grammar too: the tools' grammar constrains the reply",
+        )
+        _require(
+            message.json_schema is None or message.tool_choice == "auto",
+            "json_schema with tools constrains the answer, which tool_choice 'required' or a "
+            "named function rules out",
+        )
 
 
 SubmitMessage = Generate | GenerateTokens | Chat

@@ -10,11 +10,57 @@ from typing import Literal
 
 from actors.contract._errors import EngineError
 
-__all__ = ["Completion", "Done", "Failed", "Progress", "StopReason", "Token", "TokenLogprob", "TopLogprob"]
+__all__ = [
+    "Completion",
+    "Done",
+    "Failed",
+    "Progress",
+    "StopReason",
+    "Token",
+    "TokenLogprob",
+    "ToolCall",
+    "ToolCallDelta",
+    "TopLogprob",
+]
 
-StopReason = Literal["eog", "max_tokens", "stop", "length", "cancelled", "timeout"]
+StopReason = Literal["eog", "max_tokens", "stop", "length", "cancelled", "timeout", "tool_calls"]
 """Why a request finished: an end-of-generation token, ``max_tokens`` reached, a stop
-string, the context window full (``length``), cancelled, or past its ``deadline_s``."""
+string, the context window full (``length``), cancelled, past its ``deadline_s``, or
+the turn ended to call tools (``tool_calls``: a chat with ``tools`` whose reply made
+at least one call and then ended)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call of one of the chat's tools that the reply made.
+
+    ``arguments`` is the JSON text of the arguments object, as the model wrote it
+    (it always parses; under ``tool_choice`` ``"required"`` or a named function it is
+    valid under the tool's ``parameters`` schema). ``id`` is made by the server
+    (``call_`` and 24 letters and digits; nine letters and digits for Mistral's
+    formats, whose templates require them): send it back as the ``tool_call_id`` of
+    the tool's result.
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call, as a stream releases it.
+
+    The first delta of call ``index`` (0, 1, ... within the reply) carries its ``id``
+    and ``name`` and usually empty ``arguments``; the next ones carry only fragments
+    of the arguments' JSON text (``id`` and ``name`` None). The fragments of a call
+    join to its ``ToolCall.arguments``.
+    """
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +97,11 @@ class Completion:
     ``stop_string`` is the stop string that ended it (``stop_reason="stop"``);
     ``logprobs`` has one entry per generated token when the request asked for them.
 
+    Of a chat: ``text`` is the reply's content alone; ``reasoning`` is its thinking
+    (split out under the chat's ``reasoning_format``; "" when none) and
+    ``tool_calls`` the calls it made (only complete ones: a reply cut by
+    ``max_tokens`` inside a call leaves that call out).
+
     ``ttft_ms`` is the time from admission to the first generated token (equal to
     ``duration_ms`` when none came); ``prefix_cache_tokens`` prompt tokens were
     reused from the KV cache instead of being decoded. ``index`` is the choice, of a
@@ -73,6 +124,8 @@ class Completion:
     index: int = 0
     draft_tokens: int = 0
     draft_accepted: int = 0
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +135,12 @@ class Token:
     ``text`` may be empty while a character is incomplete or while text that could
     start a stop string is held back; the pieces join to exactly ``Completion.text``.
     ``index`` is the choice it belongs to, of a request with ``n`` > 1 (0 otherwise).
+
+    Of a chat with ``tools`` or thinking, a token's text goes to one of three places:
+    ``text`` (content), ``reasoning`` (thinking; the pieces join to
+    ``Completion.reasoning``) or ``tool_calls`` (pieces of calls; see
+    ``ToolCallDelta``). Markup (``<tool_call>``, ``<think>``) goes to none of them, and
+    text that could still turn out to be markup is held back until it is known.
     """
 
     request_id: str
@@ -89,6 +148,8 @@ class Token:
     token_id: int
     logprob: TokenLogprob | None = None
     index: int = 0
+    reasoning: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

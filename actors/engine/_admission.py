@@ -15,6 +15,7 @@ import time
 
 import pykka
 
+from actors.chat import ReplySpec
 from actors.contract._errors import EngineStopped, InvalidRequest, QueueFull
 from actors.contract._messages import STREAMING, ReplyTo, RequestMessage, SamplingParams, _CancelExact
 from actors.engine._embedding import PreparedEmbed
@@ -125,9 +126,12 @@ class Admission(ForwardPass):
         message = prepared.message
         if index and params.seed is not None:
             params = dataclasses.replace(params, seed=(params.seed + index) % _SEEDS)
-        sampler = self.backend.make_sampler(params, bias, prompt)
+        sampler = self.backend.make_sampler(params, bias, prompt, prepared.triggers)
         request = Request(message, prompt, params, self._arrivals, sampler, future, reply_to, index=index)
         request.text = TextStream(message.stop or (), message.min_tokens)
+        if prepared.reply is not None:
+            request.reply = prepared.reply.parser()
+            request.shown = self._shown(prepared.reply)
         if message.logprobs is not None:
             request.logprobs = []
         if self.drafter is not None and message.speculate:
@@ -140,6 +144,12 @@ class Admission(ForwardPass):
             request.deadline = request.t_admitted + message.deadline_s
             self._n_deadlines += 1
         return request
+
+    def _shown(self, reply: ReplySpec) -> frozenset[int]:
+        """The special tokens that spell one of the reply's markers: their text is shown
+        to the parser (a special token's text is otherwise empty)."""
+        tokens = (self.backend.special_token(word) for word in reply.markers)
+        return frozenset(t for t in tokens if t is not None)
 
     def _stalled(self, message: RequestMessage) -> None:
         """A stream's consumer stopped reading: cancel it (the courier's thread)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import telemetry
 from actors.contract._errors import EngineError
-from actors.contract._results import Completion, Done, Failed, StopReason, Token
+from actors.contract._results import Completion, Done, Failed, StopReason, Token, ToolCall
 from actors.engine._delivery import courier, settle
 from actors.engine._slots import Choices, Request, Slot
 from actors.engine._state import EngineState
@@ -32,7 +32,7 @@ class Finishing(EngineState):
             self.waiting.remove(request)
             completion = self._close(request, stop_reason)
             if request.started:  # preempted, waiting to resume
-                self._emit_done(request, stop_reason)
+                self._emit_done(request, completion.stop_reason)
             self._deliver(request, completion)
         else:
             self._finish(self.slots[request.seq_id], stop_reason)
@@ -58,7 +58,7 @@ class Finishing(EngineState):
         if slot.shifted or not request.message.cache_prompt:
             self.memory.drop(slot)
         completion = self._close(request, stop_reason)
-        self._emit_done(request, stop_reason)
+        self._emit_done(request, completion.stop_reason)
         self._deliver(request, completion)
 
     def _emit_done(self, request: Request, stop_reason: StopReason) -> None:
@@ -70,14 +70,38 @@ class Finishing(EngineState):
     def _close(self, request: Request, stop_reason: StopReason) -> Completion:
         """Forget the request, free its sampler and build its ``Completion``."""
         self._forget(request)
-        if stop_reason != "stop":  # held-back text, and broken bytes as U+FFFD
-            tail = request.text.flush()
+        tail = request.text.flush() if stop_reason != "stop" else ""  # held back, and broken bytes as U+FFFD
+        reply = request.reply
+        if reply is None:
             if tail:
                 request.pieces.append(tail)
+                request.last = Token(request.request_id, tail, request.token_ids[-1], index=request.index)
+            text, reasoning, calls = "".join(request.pieces), "", tuple[ToolCall, ...]()
+        else:
+            first, last = reply.feed(tail), reply.finish()
+            if (
+                first.content
+                or last.content
+                or first.reasoning
+                or last.reasoning
+                or first.tool_calls
+                or last.tool_calls
+            ):
+                request.last = Token(
+                    request.request_id,
+                    first.content + last.content,
+                    request.token_ids[-1] if request.token_ids else -1,
+                    index=request.index,
+                    reasoning=first.reasoning + last.reasoning,
+                    tool_calls=first.tool_calls + last.tool_calls,
+                )
+            text, reasoning, calls = "".join(reply.content), "".join(reply.reasoning), reply.tool_calls
+            if calls and stop_reason == "eog":
+                stop_reason = "tool_calls"
         ttft_ms, duration_ms = self._timings(request)
         return Completion(
             request_id=request.request_id,
-            text="".join(request.pieces),
+            text=text,
             token_ids=tuple(request.token_ids),
             stop_reason=stop_reason,
             prompt_tokens=len(request.prompt),
@@ -90,6 +114,8 @@ class Finishing(EngineState):
             index=request.index,
             draft_tokens=request.draft_tokens,
             draft_accepted=request.draft_accepted,
+            reasoning=reasoning,
+            tool_calls=calls,
         )
 
     def _forget(self, request: Request) -> None:
@@ -110,11 +136,7 @@ class Finishing(EngineState):
         if request.future is not None:
             settle(request.future, completion)
         elif request.reply_to is not None:
-            flushed = len(request.pieces) > len(request.token_ids)
-            if flushed and not self._put(
-                request,
-                Token(request.request_id, request.pieces[-1], request.token_ids[-1], index=request.index),
-            ):
+            if request.last is not None and not self._put(request, request.last):
                 return
             self._put(request, Done(request.request_id, completion, request.index))
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.backend._llama import LlamaBackend
+from actors.backend._llama import LlamaBackend, Triggers
+from actors.chat import ReplySpec, ToolGrammar
 from actors.contract._checks import _checked_tokens
 from actors.contract._errors import EngineError, InvalidRequest, PromptTooLong
 from actors.contract._gbnf import check_grammar
@@ -36,13 +37,18 @@ can slow every other stream by more than this per token.
 class Prepared:
     """A request with its prompt tokenized and its grammar resolved and checked.
 
-    ``grammar`` is the request's own grammar (``json_schema`` converted), or None for
-    the server's default.
+    ``grammar`` is the request's own grammar (``json_schema`` converted, or the chat's
+    tool grammar), or None for the server's default.
     """
 
     message: RequestMessage
     prompt: tuple[int, ...]
     grammar: str | None = None
+    triggers: Triggers | None = None
+    """When set, ``grammar`` is lazy: it waits for one of these (a tool call's marker)."""
+    reply: ReplySpec | None = None
+    """How to split a chat's reply into content, thinking and tool calls (None: it is
+    all content)."""
 
 
 def fit_prompt(prompt: list[int], message: RequestMessage, limit: int) -> list[int]:
@@ -79,14 +85,11 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
         InvalidRequest: the prompt or grammar cannot be used with this model.
         EngineStopped: the model was unloaded.
     """
+    tools: ToolGrammar | None = None
+    reply: ReplySpec | None = None
     try:
         if isinstance(message, Chat | StreamChat):
-            prompt = backend.tokenize_chat(
-                [dict(m) for m in message.messages],
-                message.parse_special,
-                message.template_kwargs,
-                add_generation_prompt=message.add_generation_prompt,
-            )
+            prompt, tools, reply = backend.chat_prompt(message)
         elif hasattr(message, "prompt"):
             prompt = backend.tokenize(message.prompt)
         else:  # checked by the constructor; again, for a message changed since
@@ -96,7 +99,12 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
         if limit is not None:
             prompt = fit_prompt(prompt, message, limit)
         grammar = message.grammar
-        if message.json_schema is not None:
+        triggers: Triggers | None = None
+        if tools is not None:  # it holds the answer's json_schema, if any
+            grammar = tools.grammar
+            if tools.lazy:
+                triggers = _triggers(backend, tools)
+        elif message.json_schema is not None:
             grammar = grammar_for_schema(dict(message.json_schema), backend.json_schema_grammar)
         if grammar is not None:
             check_grammar(grammar, is_single_token=backend.is_single_token)
@@ -113,4 +121,14 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
         raise
     except Exception as e:  # a bug or a library's surprise: the request's failure, not the caller's crash
         raise InvalidRequest(f"the request could not be prepared: {e!r}") from None
-    return Prepared(message, tuple(prompt), grammar)
+    return Prepared(message, tuple(prompt), grammar, triggers, reply)
+
+
+def _triggers(backend: LlamaBackend, grammar: ToolGrammar) -> Triggers:
+    """The grammar's trigger patterns, and the tokens that spell a trigger word alone."""
+    tokens = []
+    for word in grammar.trigger_words:
+        ids = backend.tokenize(word, add_special=False, parse_special=True)
+        if len(ids) == 1:
+            tokens.append(ids[0])
+    return grammar.trigger_patterns, tuple(tokens)

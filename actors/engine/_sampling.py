@@ -118,9 +118,23 @@ class Sampling(Finishing):
         request.token_ids.append(token)
         if request.logprobs is not None and logprob is not None:
             request.logprobs.append(logprob)
-        text, stop = request.text.push(self.backend.piece(token))
-        request.pieces.append(text)
-        event = Token(request.request_id, text, token, logprob, request.index)
+        piece = self.backend.special_piece(token) if token in request.shown else self.backend.piece(token)
+        text, stop = request.text.push(piece)
+        if request.reply is None:
+            request.pieces.append(text)
+            event = Token(request.request_id, text, token, logprob, request.index)
+        else:
+            parsed = request.reply.feed(text)
+            request.pieces.append(parsed.content)
+            event = Token(
+                request.request_id,
+                parsed.content,
+                token,
+                logprob,
+                request.index,
+                parsed.reasoning,
+                parsed.tool_calls,
+            )
         if request.reply_to is not None and not self._put(request, event):
             return
         if stop is not None:

@@ -17,8 +17,9 @@ from typing import Any, Literal
 import numpy as np
 import pykka
 
+from actors.chat import ReplyParser
 from actors.contract._messages import ReplyTo, RequestMessage, SamplingParams
-from actors.contract._results import TokenLogprob
+from actors.contract._results import Token, TokenLogprob
 from actors.engine._output import TextStream
 from actors.engine._speculative import Acceptances, DraftWant
 from strategies import SlotState, SlotView
@@ -59,6 +60,11 @@ class Request:
     token_ids: list[int] = field(default_factory=list)
     text: TextStream = field(default_factory=TextStream)
     pieces: list[str] = field(default_factory=list)
+    # A chat's reply split into content, thinking and tool calls (None: all content),
+    # and the special tokens whose text it must see.
+    reply: ReplyParser | None = None
+    shown: frozenset[int] = frozenset()
+    last: Token | None = None  # what the finish released (held-back text): the stream's last Token
     logprobs: list[TokenLogprob] | None = None
     stop_string: str | None = None
     prefix_cache_tokens: int = 0

@@ -1,0 +1,40 @@
+"""Chat replies that think and call tools: formats, grammars and the reply parser.
+
+Pure Python, no llama.cpp: a chat template's format is found by reading and rendering
+it (:func:`detect`), a chat with tools is planned into the messages the template
+renders (:func:`template_messages`) and the grammar that constrains the reply
+(:func:`chat_grammar`), and the reply
+is split into content, thinking and tool calls as it streams (:class:`ReplyParser`).
+
+It sits between the backend (which renders and tokenizes with it) and the contract
+(whose ``ToolCall`` and ``ToolCallDelta`` it makes), and imports only the contract.
+"""
+
+from __future__ import annotations
+
+from actors.chat._formats import FORMATS, TemplateInfo, detect, template_messages, tools_prompt
+from actors.chat._grammar import ToolGrammar, call_schema, tool_grammar
+from actors.chat._json_stream import JsonError, JsonReader
+from actors.chat._parse import Parsed, ReplyParser, new_call_id
+from actors.chat._plan import ReplySpec, chat_grammar, template_tools
+from actors.chat._syntax import Syntax
+
+__all__ = [
+    "FORMATS",
+    "JsonError",
+    "JsonReader",
+    "Parsed",
+    "ReplyParser",
+    "ReplySpec",
+    "Syntax",
+    "TemplateInfo",
+    "ToolGrammar",
+    "call_schema",
+    "chat_grammar",
+    "detect",
+    "new_call_id",
+    "template_messages",
+    "template_tools",
+    "tool_grammar",
+    "tools_prompt",
+]

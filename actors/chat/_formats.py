@@ -1,0 +1,216 @@
+"""Which format a chat template speaks, what it can render, and the history it gets.
+
+:func:`detect` reads a template's source and probes it by rendering (once, when the
+model loads): whether it renders a system message, the tools, an assistant's tool
+calls (and whether their arguments as an object), a tool's result, and whether it has
+an ``enable_thinking`` switch. :func:`template_messages` then turns a checked chat into
+the messages the template renders: arguments as the template wants them, and, for what
+it cannot render, the generic format's stand-ins (calls and results as JSON text, the
+tools described in the system message).
+
+Detection follows the markers each family was trained on (llama.cpp's
+``common/chat.cpp`` detects the same way); a template that names no known markers gets
+the generic format, which any model can follow under its grammar.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from actors.chat._syntax import Syntax
+
+__all__ = ["FORMATS", "TemplateInfo", "detect", "template_messages", "tools_prompt"]
+
+_THINK = ("<think>", "</think>")
+
+FORMATS: dict[str, Syntax] = {
+    "generic": Syntax("generic", json_reply=True),
+    "hermes": Syntax("hermes", call_open="<tool_call>", call_close="</tool_call>", open_ws="\n"),
+    "llama3": Syntax("llama3", call_open="", args_keys=("parameters", "arguments"), parallel=False),
+    "mistral": Syntax("mistral", call_open="[TOOL_CALLS]", body="array", id_style="alnum9"),
+}
+"""The formats by name (each with thinking markers added where the template thinks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateInfo:
+    """What a chat template speaks and renders (found once, by :func:`detect`)."""
+
+    syntax: Syntax
+    system: bool = True
+    tools: bool = False
+    tool_calls: bool = False
+    object_arguments: bool = False
+    tool_results: bool = False
+    enable_thinking: bool = False
+
+
+Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
+"""Renders messages (with tools, or None) with the generation prompt; raises on refusal."""
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool_q7",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {"probe_arg": {"type": "integer"}}},
+    },
+}
+
+
+def _renders(
+    render: Render, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, needle: str
+) -> bool:
+    try:
+        return needle in render(messages, tools)
+    except Exception:  # the template refuses what it cannot render
+        return False
+
+
+def _syntax_of(source: str) -> Syntax:
+    if "<tool_call>" in source and not ("<function=" in source and "<parameter=" in source):
+        syntax = FORMATS["hermes"]
+    elif "[TOOL_CALLS]" in source and "[ARGS]" not in source:
+        syntax = FORMATS["mistral"]
+    elif "<|python_tag|>" in source or ("ipython" in source and '"parameters": ' in source):
+        syntax = FORMATS["llama3"]
+    else:
+        syntax = FORMATS["generic"]
+    if "<think>" in source or "</think>" in source:
+        from dataclasses import replace
+
+        syntax = replace(syntax, think=_THINK)
+    return syntax
+
+
+def detect(source: str, render: Render) -> TemplateInfo:
+    """The format and abilities of the template whose text is ``source`` (any thread).
+
+    ``render`` renders with the template (the probes use made-up names, so they find
+    only what the template itself writes).
+    """
+    user = {"role": "user", "content": "probe_user_q7"}
+    system = _renders(
+        render, [{"role": "system", "content": "probe_system_q7"}, user], None, "probe_system_q7"
+    )
+    tools = _renders(render, [user], [_PROBE_TOOL], "probe_tool_q7")
+
+    def call(arguments: object) -> list[dict[str, Any]]:
+        return [
+            user,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "call00001",
+                        "type": "function",
+                        "function": {"name": "probe_call_q7", "arguments": arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call00001", "content": "probe_result_q7"},
+        ]
+
+    as_object = _rendered(render, call({"probe_arg": 1}))
+    as_text = _rendered(render, call('{"probe_arg": 1}'))
+    tool_calls = "probe_call_q7" in as_object or "probe_call_q7" in as_text
+    object_arguments = '"probe_arg": 1' in as_object and "probe_call_q7" in as_object
+    tool_results = "probe_result_q7" in as_object or "probe_result_q7" in as_text
+    syntax = _syntax_of(source)
+    if not tool_calls and syntax.name != "generic":
+        syntax = FORMATS["generic"] if syntax.think is None else _with_think(FORMATS["generic"])
+    return TemplateInfo(
+        syntax=syntax,
+        system=system,
+        tools=tools,
+        tool_calls=tool_calls,
+        object_arguments=object_arguments,
+        tool_results=tool_results,
+        enable_thinking="enable_thinking" in source,
+    )
+
+
+def _with_think(syntax: Syntax) -> Syntax:
+    from dataclasses import replace
+
+    return replace(syntax, think=_THINK)
+
+
+def _rendered(render: Render, messages: list[dict[str, Any]]) -> str:
+    try:
+        return render(messages, None)
+    except Exception:
+        return ""
+
+
+def tools_prompt(tools: Sequence[Mapping[str, Any]], choice: object) -> str:
+    """The generic format's system text: the tools, and how to answer."""
+    listing = json.dumps([dict(_plain(t)["function"]) for t in tools], ensure_ascii=False, indent=2)
+    how = (
+        'Respond with one JSON object: {"tool_calls": [{"name": <a tool\'s name>, "arguments": <its '
+        "arguments>}]} to call tools"
+    )
+    if choice == "auto":
+        how += ', or {"response": <your answer>} to answer the user directly'
+    return f"You can call these tools:\n{listing}\n\n{how}."
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def template_messages(
+    messages: Sequence[Mapping[str, Any]],
+    info: TemplateInfo,
+    tools: Sequence[Mapping[str, Any]] | None,
+    choice: object,
+) -> list[dict[str, Any]]:
+    """Plain messages for the template: tool calls and results as it renders them, or
+    as the generic format's JSON text where it cannot; with ``tools`` and a template
+    that cannot describe them, the tools prompt joins the system message."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        entry = _plain(message)
+        calls = entry.get("tool_calls")
+        if calls:
+            if info.tool_calls:
+                for call in calls:
+                    function = call["function"]
+                    if info.object_arguments:
+                        function["arguments"] = json.loads(function["arguments"])
+                    call.setdefault("id", "")
+            else:
+                written = [
+                    {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+                    for c in calls
+                ]
+                text = json.dumps({"tool_calls": written}, ensure_ascii=False)
+                entry = {"role": "assistant", "content": (entry["content"] + "\n" + text).lstrip("\n")}
+        if entry["role"] == "tool" and not info.tool_results:
+            result = {
+                "tool_response": {"tool_call_id": entry.get("tool_call_id"), "content": entry["content"]}
+            }
+            if entry.get("name"):
+                result["tool_response"]["name"] = entry["name"]
+            entry = {"role": "user", "content": json.dumps(result, ensure_ascii=False)}
+        out.append(entry)
+    if tools and choice != "none" and not info.tools:
+        prompt = tools_prompt(tools, choice)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + prompt}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    if not info.system and out and out[0]["role"] == "system":
+        # As llama.cpp: a template without a system role gets it at the head of the next message.
+        first = out.pop(0)
+        if out:
+            out[0] = {**out[0], "content": first["content"] + "\n" + out[0]["content"]}
+    return out

@@ -1,0 +1,98 @@
+"""A chat request's plan: the messages the template renders, the grammar, and how to
+read the reply (any thread; the backend renders and tokenizes with it).
+
+The backend renders the messages :func:`~actors.chat.template_messages` makes, then
+asks :func:`chat_grammar` for the grammar (which depends on whether the rendered
+prompt opened a thinking block). What it returns is plain frozen data: the engine
+builds one :class:`~actors.chat.ReplyParser` per choice from a :class:`ReplySpec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from actors.chat._formats import TemplateInfo
+from actors.chat._grammar import ToolGrammar, tool_grammar
+from actors.chat._parse import ReplyParser
+from actors.chat._syntax import Syntax
+from actors.contract._errors import InvalidRequest
+
+__all__ = ["ReplySpec", "chat_grammar", "template_tools"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplySpec:
+    """How to read one chat's reply: what :class:`ReplyParser` is built with."""
+
+    syntax: Syntax
+    tools: bool
+    reasoning: bool
+    thinking: bool = False
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The marker texts the parser reads (special tokens spelling them must be shown)."""
+        syntax = self.syntax
+        words = [*(syntax.think or ())] if self.reasoning else []
+        if self.tools and syntax.call_open:
+            words.append(syntax.call_open)
+            if syntax.call_close:
+                words.append(syntax.call_close)
+        return tuple(words)
+
+    def parser(self) -> ReplyParser:
+        """A fresh parser for one reply."""
+        return ReplyParser(self.syntax, tools=self.tools, reasoning=self.reasoning, thinking=self.thinking)
+
+
+def chat_grammar(
+    info: TemplateInfo,
+    *,
+    tools: Sequence[Mapping[str, Any]] | None,
+    choice: str | Mapping[str, Any],
+    parallel: bool,
+    convert: Callable[[Mapping[str, Any]], str],
+    thinking: bool,
+    response_schema: Mapping[str, Any] | None,
+) -> ToolGrammar | None:
+    """The grammar of a chat with ``tools`` under ``choice`` (None without tools, or
+    with ``"none"``); ``thinking`` says the rendered prompt leaves the reply inside a
+    thinking block.
+
+    Raises:
+        InvalidRequest: a tool's schema is refused, or ``json_schema`` is combined with
+            tools in a format that cannot constrain both.
+    """
+    if not tools or choice == "none":
+        return None
+    if response_schema is not None and not info.syntax.json_reply:
+        raise InvalidRequest(
+            f"json_schema with tools needs the generic format; this model's template writes "
+            f"calls as {info.syntax.name!r}, whose answers a grammar cannot constrain alongside"
+        )
+    return tool_grammar(
+        info.syntax,
+        tools,
+        choice,
+        parallel=parallel,
+        convert=convert,
+        thinking=thinking,
+        response_schema=response_schema,
+    )
+
+
+def template_tools(
+    tools: Sequence[Mapping[str, Any]] | None, info: TemplateInfo
+) -> list[dict[str, Any]] | None:
+    """The tools as the template renders them (plain), or None when it cannot."""
+    return [_plain(t) for t in tools] if tools and info.tools else None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
