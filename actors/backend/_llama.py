@@ -353,6 +353,31 @@ class LlamaBackend:
         except Exception as e:  # the template's raise_exception, or a Jinja error
             raise InvalidRequest(f"the chat template refused these messages: {e}") from None
 
+    def _chat_render(
+        self, message: Chat | StreamChat
+    ) -> tuple[TemplateInfo, tuple[list[dict[str, Any]], str, dict[str, Any], bool, Any, str]]:
+        """A chat request rendered (any thread): the template's info, then the history,
+        the prefill suffix, the variables, whether the turn is opened, the tools the
+        template describes, and the rendered text (without the suffix)."""
+        info = self.chat_info
+        if info is None:
+            raise InvalidRequest("the model has no chat template")
+        tools, choice = message.tools, message.tool_choice or "auto"
+        variables = dict(message.template_kwargs or {})
+        if info.enable_thinking and "enable_thinking" not in {**self._template_defaults, **variables}:
+            variables["enable_thinking"] = True  # as llama-server: a template that can think does
+        described = template_tools(tools, info)
+        history, suffix = prefill(template_messages(message.messages, info, tools, choice))
+        add = message.add_generation_prompt or bool(suffix)
+        rendered = self._render(history, variables, add, described)
+        return info, (history, suffix, variables, add, described, rendered)
+
+    def render_chat_request(self, message: Chat | StreamChat) -> str:
+        """The prompt text of a chat request, tools and tool calls as its tokens will
+        have them (any thread)."""
+        _, (_, suffix, _, _, _, rendered) = self._chat_render(message)
+        return rendered + suffix
+
     def chat_prompt(
         self, message: Chat | StreamChat, reasoning_format: str = "auto"
     ) -> tuple[list[int], ToolGrammar | None, ReplySpec | None]:
@@ -365,17 +390,9 @@ class LlamaBackend:
             InvalidRequest: the template refuses the chat, a tool is refused, or a
                 field other than content spells a special token.
         """
-        info = self.chat_info
-        if info is None:
-            raise InvalidRequest("the model has no chat template")
+        info, r = self._chat_render(message)
+        history, suffix, variables, add, described, rendered = r
         tools, choice = message.tools, message.tool_choice or "auto"
-        variables = dict(message.template_kwargs or {})
-        if info.enable_thinking and "enable_thinking" not in {**self._template_defaults, **variables}:
-            variables["enable_thinking"] = True  # as llama-server: a template that can think does
-        described = template_tools(tools, info)
-        history, suffix = prefill(template_messages(message.messages, info, tools, choice))
-        add = message.add_generation_prompt or bool(suffix)
-        rendered = self._render(history, variables, add, described)
         reasoning = (message.reasoning_format or reasoning_format) != "none"
         syntax = info.syntax
         thinking = bool(

@@ -66,7 +66,7 @@ class Tokenizer:
 
     def apply_chat_template(
         self,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         template_kwargs: Mapping[str, Any] | None = None,
         *,
         add_generation_prompt: bool = True,
@@ -81,16 +81,30 @@ class Tokenizer:
                 (over the server's ``chat_template_kwargs``).
             add_generation_prompt: open the assistant's turn, as
                 ``Chat.add_generation_prompt``.
-            tools: OpenAI-style tool definitions (JSON objects) for the template's
-                ``tools`` variable, as llama-server's ``/apply-template`` renders them.
-                Render only: a ``Chat`` takes none, and no tool is ever called.
+            tools: tool definitions: OpenAI function tools render as a ``Chat`` with
+                ``tools`` renders them (the template's own description, or the generic
+                format's system text); other JSON objects go to the template's ``tools``
+                variable as they are, as llama-server's ``/apply-template`` renders them.
 
         Raises:
             InvalidRequest: the messages or variables are not valid for a ``Chat``, the
                 tools are not a list of JSON objects within ``template_kwargs``' limits,
                 the model has no chat template, or the template refused them.
         """
-        # The same checks as a Chat request
+        # The same checks as a Chat request; function tools render as a Chat's do.
+        try:
+            chat = Chat(
+                messages,
+                template_kwargs=template_kwargs,
+                add_generation_prompt=add_generation_prompt,
+                tools=tools,
+            )
+        except InvalidRequest:
+            if tools is None:
+                raise
+            chat = None
+        if chat is not None:
+            return self._backend.render_chat_request(chat)
         chat = Chat(messages, template_kwargs=template_kwargs, add_generation_prompt=add_generation_prompt)
         checked = _checked_tools(tools) if tools is not None else None
         return self._backend.render_chat(

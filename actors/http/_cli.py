@@ -240,6 +240,7 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
     if v["reasoning"] is not None:  # on/off; auto leaves the template's own default
         kwargs = [(k, x) for k, x in kwargs if k != "enable_thinking"] + [("enable_thinking", v["reasoning"])]
     settings = HttpSettings(
+        reasoning_format=v["reasoning_format"] or "auto",
         model_ids=v["alias"] or (),
         tags=v["tags"] or (),
         api_keys=_api_keys(v),

@@ -268,6 +268,10 @@ _OPTIONS = (
     _Option("--reasoning", "reasoning", "thinking in the chat: on, off or auto; on/off set the "
             "template's enable_thinking (default: auto: the template's own default)", _choice(_SWITCH),
             "on|off|auto"),
+    _Option("--reasoning-format", "reasoning_format", "where a chat's thinking goes: auto or deepseek "
+            "(into reasoning_content), none (left in content); a request's reasoning_format wins "
+            "(default: auto)", _choice({"auto": "auto", "deepseek": "deepseek", "none": "none"}),
+            "auto|deepseek|none"),
     _Option("--chat-template-kwargs", "chat_template_kwargs", "extra chat template variables, a JSON "
             "object of JSON values (--reasoning wins on enable_thinking; a request's own win over "
             "these)", _template_kwargs, "JSON"),

@@ -20,6 +20,8 @@ from actors import (
     Progress,
     Token,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     achat,
     agenerate,
     astream_events,
@@ -31,6 +33,7 @@ from actors.http._stream import unless_disconnected
 __all__ = [
     "Opened",
     "TextEvents",
+    "assistant_message",
     "complete",
     "dumps",
     "finish_reason",
@@ -41,10 +44,12 @@ __all__ = [
     "sse",
     "stop_type",
     "timings",
+    "tool_call_deltas",
+    "tool_calls_json",
 ]
 
 Prompt = str | Sequence[int]
-Messages = Sequence[Mapping[str, str]]
+Messages = Sequence[Mapping[str, Any]]
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -186,8 +191,46 @@ def stop_type(completion: Completion) -> str:
 
 
 def finish_reason(completion: Completion) -> str:
-    """OpenAI's ``finish_reason``: ``stop`` for an end token or a stop string, else ``length``."""
+    """OpenAI's ``finish_reason``: ``tool_calls`` when the turn ended to call tools,
+    ``stop`` for an end token or a stop string, else ``length``."""
+    if completion.stop_reason == "tool_calls":
+        return "tool_calls"
     return "stop" if completion.stop_reason in ("eog", "stop") else "length"
+
+
+def tool_calls_json(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """OpenAI's ``tool_calls`` of a message."""
+    return [
+        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        for call in calls
+    ]
+
+
+def assistant_message(completion: Completion) -> dict[str, Any]:
+    """OpenAI's assistant ``message``: its content (None when it only called tools), its
+    ``tool_calls`` and llama-server's ``reasoning_content``, when it has them."""
+    message: dict[str, Any] = {"role": "assistant", "content": completion.text}
+    if completion.tool_calls:
+        message["tool_calls"] = tool_calls_json(completion.tool_calls)
+        if not completion.text:
+            message["content"] = None
+    if completion.reasoning:
+        message["reasoning_content"] = completion.reasoning
+    return message
+
+
+def tool_call_deltas(deltas: Sequence[ToolCallDelta]) -> list[dict[str, Any]]:
+    """OpenAI's streamed ``tool_calls`` deltas: a call's first carries its id and name."""
+    out = []
+    for delta in deltas:
+        entry: dict[str, Any] = {"index": delta.index}
+        function: dict[str, Any] = {"arguments": delta.arguments}
+        if delta.id is not None:
+            entry["id"], entry["type"] = delta.id, "function"
+            function["name"] = delta.name
+        entry["function"] = function
+        out.append(entry)
+    return out
 
 
 def timings(completion: Completion) -> dict[str, float | int]:

@@ -23,6 +23,7 @@ from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
     TextEvents,
+    assistant_message,
     complete,
     error_event,
     finish_reason,
@@ -32,6 +33,7 @@ from actors.http._generation import (
     progress_timings,
     sse,
     timings,
+    tool_call_deltas,
 )
 from actors.http._native import complete_all, final_json, json_response, prompts_of
 from actors.http._params import (
@@ -44,12 +46,13 @@ from actors.http._params import (
     sampling_options,
     stream_options,
     template_kwargs,
+    tool_options,
     tools_option,
 )
 from actors.http._service import Service, request_client, routed
 from actors.http._stream import EventStream
 
-__all__ = ["chat_completions", "completions", "input_tokens"]
+__all__ = ["chat_completions", "chat_options", "completions", "input_tokens"]
 
 _FINGERPRINT = f"llama-cpp-actors-{actors.__version__}"
 _DONE = b"data: [DONE]\n\n"
@@ -62,9 +65,8 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
     best_of = body.get("best_of")
     if best_of is not None and (type(best_of) is not int or best_of != n):
         raise HttpError(400, "'best_of' is not supported by this server (only best_of equal to n)")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise HttpError(400, f"'{name}' is not supported by this server")
+    if not chat and (body.get("tools") or body.get("functions")):
+        raise HttpError(400, "'tools' are for chat completions (/v1/chat/completions), not text completions")
     if not chat and body.get("echo"):
         raise HttpError(400, "'echo' is not supported by this server")
     if not chat and body.get("suffix"):
@@ -95,10 +97,17 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
         variables = template_kwargs(service.settings.chat_template_kwargs, body)
         if variables:
             options["template_kwargs"] = variables
+        options.update(tool_options(body, service.settings.reasoning_format))
     user = body.get("user")
     if isinstance(user, str) and user and "cache_scope" not in options:
         options["cache_scope"] = f"user:{user}"
     return probabilities(options)
+
+
+def chat_options(service: Service, body: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat body's engine options (sampling, limits, tools, template variables): the
+    one parser every chat API's adapter hands its request to, as an OpenAI body."""
+    return _options(service, body, chat=True)
 
 
 def _response_format(value: object) -> dict[str, Any]:
@@ -285,7 +294,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
             choice: dict[str, Any] = {
                 "finish_reason": finish_reason(done),
                 "index": i,
-                "message": {"role": "assistant", "content": done.text},
+                "message": assistant_message(done),
             }
             if done.logprobs:
                 choice["logprobs"] = {"content": logprobs_json(done.logprobs, post)}
@@ -347,6 +356,7 @@ async def _chat_events(opened: Opened, envelope: dict[str, Any], stream: _Choice
 
     role = {"role": "assistant", "content": None}
     text_event = TextEvents(lambda text, index: choices({"content": text}, index))
+    reasoning_event = TextEvents(lambda text, index: choices({"reasoning_content": text}, index))
     for index in range(stream.n):  # each choice opens with its role, as OpenAI's do
         yield sse(choices(role, index))
     try:
@@ -354,11 +364,15 @@ async def _chat_events(opened: Opened, envelope: dict[str, Any], stream: _Choice
             if isinstance(event, Progress):  # llama-server's: the role delta, with the progress
                 yield sse(_progress(choices(role), event, stream.per_token))
             elif isinstance(event, Token):
+                if event.reasoning:
+                    yield reasoning_event(event.reasoning, event.index)
                 if event.logprob:
                     probs = {"content": logprobs_json([event.logprob], stream.post)}
                     yield sse(choices({"content": event.text}, event.index, {"logprobs": probs}))
                 elif event.text:
                     yield text_event(event.text, event.index)
+                if event.tool_calls:
+                    yield sse(choices({"tool_calls": tool_call_deltas(event.tool_calls)}, event.index))
             elif isinstance(event, Done):
                 done = event.completion
                 final: dict[str, Any] = {

@@ -27,6 +27,8 @@ __all__ = [
     "sampling_options",
     "stream_options",
     "template_kwargs",
+    "text_content",
+    "tool_options",
     "tools_option",
 ]
 
@@ -287,7 +289,7 @@ def stream_options(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     return ({"progress": True} if progress else {}), per_token is True
 
 
-def continuation(body: Mapping[str, Any], messages: list[dict[str, str]]) -> dict[str, Any]:
+def continuation(body: Mapping[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
     """llama-server's ``add_generation_prompt`` and ``continue_final_message`` (vLLM's):
     a final assistant message is always continued (a prefill); otherwise the assistant's
     turn is opened unless ``add_generation_prompt`` is false. The engine's option, if any."""
@@ -295,7 +297,7 @@ def continuation(body: Mapping[str, Any], messages: list[dict[str, str]]) -> dic
     cont = _bool(body, "continue_final_message")
     if add and cont:
         raise _fail("add_generation_prompt and continue_final_message cannot both be true")
-    prefill = len(messages) > 1 and messages[-1]["role"] == "assistant"
+    prefill = len(messages) > 1 and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
     if cont and not prefill:
         raise _fail("continue_final_message needs a final assistant message to continue")
     return {"add_generation_prompt": False} if add is False and not prefill else {}
@@ -323,9 +325,11 @@ def template_kwargs(defaults: tuple[tuple[str, Any], ...], body: Mapping[str, An
     return {**dict(defaults), **(given or {})}
 
 
-def chat_messages(value: object) -> list[dict[str, str]]:
-    """OpenAI ``messages`` as the engine's ``{"role", "content"}`` dicts: text parts are
-    joined, ``developer`` is a system message; images, audio and tools are refused."""
+def chat_messages(value: object) -> list[dict[str, Any]]:
+    """OpenAI ``messages`` as the engine's dicts: text parts are joined, ``developer`` is
+    a system message; an assistant's ``tool_calls`` and ``reasoning_content`` and a tool
+    result's ``tool_call_id`` and ``name`` pass on (the engine checks them); images and
+    audio are refused."""
     if not isinstance(value, list) or not value:
         raise _fail("'messages' must be a non-empty list")
     messages = []
@@ -335,27 +339,67 @@ def chat_messages(value: object) -> list[dict[str, str]]:
         role = message.get("role")
         if role == "developer":
             role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise _fail(f"message role {str(role)[:40]!r} is not supported (system, user, assistant)")
-        content = message.get("content")
-        if content is None and role == "assistant":
-            content = ""
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, Mapping) or part.get("type") != "text":
-                    kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                    raise _fail(f"content parts of type {str(kind)[:40]!r} are not supported (text only)")
-                text = part.get("text")
-                if not isinstance(text, str):
-                    raise _fail("a text content part needs a string 'text'")
-                texts.append(text)
-            content = "\n\n".join(texts)  # llama-server joins a message's text parts so
-        if not isinstance(content, str):
-            raise _fail("a message's 'content' must be a string or a list of text parts")
-        if message.get("tool_calls"):
-            raise _fail("tool calls are not supported by this server")
-        messages.append({"role": role, "content": content})
+        if role not in ("system", "user", "assistant", "tool"):
+            raise _fail(f"message role {str(role)[:40]!r} is not supported (system, user, assistant, tool)")
+        content = text_content(message.get("content"), allow_none=role == "assistant")
+        entry: dict[str, Any] = {"role": role, "content": content}
+        for name in ("tool_calls", "reasoning_content") if role == "assistant" else ("tool_call_id", "name"):
+            if message.get(name) is not None:
+                entry[name] = message[name]
+        if role == "assistant" and message.get("function_call") is not None:
+            raise _fail("'function_call' (OpenAI's deprecated functions) is not supported; use tool_calls")
+        messages.append(entry)
     if len(messages) >= 2 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
         raise _fail("a chat cannot end with two assistant messages")
     return messages
+
+
+def text_content(content: object, *, allow_none: bool = False) -> str:
+    """A message's content as text: a string, or text parts joined by a blank line (as
+    llama-server joins them); None is "" where ``allow_none``."""
+    if content is None and allow_none:
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") not in ("text", "input_text", "output_text"):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise _fail(f"content parts of type {str(kind)[:40]!r} are not supported (text only)")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _fail("a text content part needs a string 'text'")
+            texts.append(text)
+        return "\n\n".join(texts)  # llama-server joins a message's text parts so
+    if not isinstance(content, str):
+        raise _fail("a message's 'content' must be a string or a list of text parts")
+    return content
+
+
+_REASONING_FORMATS = ("auto", "none", "deepseek")
+
+
+def tool_options(body: Mapping[str, Any], reasoning_default: str | None) -> dict[str, Any]:
+    """OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, and llama-server's
+    ``reasoning_format``, as engine options (the engine checks the tools themselves)."""
+    options: dict[str, Any] = {}
+    tools = body.get("tools")
+    if tools is not None and tools != []:
+        if not isinstance(tools, list):
+            raise _fail("'tools' must be a list of function tools")
+        options["tools"] = tools
+    if body.get("functions"):
+        raise _fail("'functions' (OpenAI's deprecated form of tools) is not supported; use 'tools'")
+    choice = body.get("tool_choice")
+    if choice is not None:
+        options["tool_choice"] = choice
+    parallel = _bool(body, "parallel_tool_calls")
+    if parallel is not None:
+        options["parallel_tool_calls"] = parallel
+    reasoning = body.get("reasoning_format", reasoning_default)
+    if reasoning is not None:
+        if reasoning not in _REASONING_FORMATS:
+            raise _fail(
+                f"'reasoning_format' must be one of {', '.join(_REASONING_FORMATS)}, got {_show(reasoning)}"
+            )
+        options["reasoning_format"] = reasoning
+    return options

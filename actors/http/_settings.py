@@ -58,6 +58,8 @@ class HttpSettings:
         chat_template_kwargs: extra variables for the chat template, (name, JSON value)
             pairs checked as a ``Chat``'s ``template_kwargs`` are and stored frozen
             (``--chat-template-kwargs``; ``--reasoning`` sets ``enable_thinking``).
+        reasoning_format: a chat's ``reasoning_format`` when its request sets none
+            (``--reasoning-format``): ``auto``, ``deepseek`` or ``none``.
         verbose: log every request.
         pooling: how the embeddings endpoints pool (``--pooling``): ``"mean"``, ``"cls"``
             or ``"last"``; None: the model's own, else mean. ``"none"`` serves no pooled
@@ -94,6 +96,7 @@ class HttpSettings:
     keep_alive_s: int = DEFAULT_KEEP_ALIVE_S
     drain_timeout_s: float = 30.0
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
+    reasoning_format: str = "auto"
     verbose: bool = False
     loop_nice: int = 10
     pooling: Literal["mean", "cls", "last", "none"] | None = None
