@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import EngineError
-from actors.http import _anthropic, _embeddings, _info, _models, _native, _openai
+from actors.http import _anthropic, _embeddings, _info, _models, _native, _openai, _responses
 from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
 from actors.http._generation import error_event
 from actors.http._service import CLIENT, Service
@@ -122,6 +122,8 @@ def _routes() -> list[Route]:
         "/chat/completions/input_tokens": _openai.input_tokens,
         "/v1/chat/completions/input_tokens": _openai.input_tokens,
         "/v1/messages": _anthropic.messages,
+        "/v1/responses": _responses.responses,
+        "/responses": _responses.responses,
         "/v1/messages/count_tokens": _anthropic.count_tokens,
         "/tokenize": _native.tokenize,
         "/detokenize": _native.detokenize,
