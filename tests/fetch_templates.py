@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from templates import REPO, _version  # noqa: E402
+from templates import REPO, _version
 
 
 def main() -> int:
