@@ -21,7 +21,7 @@ import actors
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-LAYERS = ("contract", "backend", "engine", "actor", "client", "scale", "http")
+LAYERS = ("contract", "chat", "backend", "engine", "actor", "client", "scale", "http")
 
 
 def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
@@ -70,6 +70,7 @@ ONE_IMPORTER = "only actors.backend._llama imports llama_cpp"
 VIOLATIONS = [
     ("actors/engine/_slots.py", "from actors.client import _helpers", LAYERED),
     ("actors/contract/_results.py", "import actors.engine", LAYERED),
+    ("actors/chat/_parse.py", "import actors.backend", LAYERED),
     ("actors/client/_aio.py", "import actors.actor._server", LAYERED),
     ("actors/engine/_batch.py", "import llama_cpp", ONE_IMPORTER),
     ("actors/http/_params.py", "from actors.contract import _checks", "actors.http imports only the public"),

@@ -172,10 +172,11 @@ def test_bad_chat_messages(messages: Any) -> None:
 
 
 def test_chat_messages_are_frozen_copies() -> None:
-    original = [{"role": "user", "content": "hi", "name": "ignored"}]
+    original = [{"role": "user", "content": "hi", "name": "ann", "extra": "ignored"}]
     message = Chat(original)
     original[0]["content"] = "changed"
-    assert message.messages[0]["content"] == "hi" and "name" not in message.messages[0]
+    assert message.messages[0]["content"] == "hi" and "extra" not in message.messages[0]
+    assert message.messages[0]["name"] == "ann"  # OpenAI's field: templates may render it
 
 
 HI = [{"role": "user", "content": "hi"}]

@@ -358,3 +358,38 @@ def test_special_tokens_in_tool_fields_cannot_forge_a_turn(servers: Callable[[st
     with pytest.raises(InvalidRequest, match="special token"):
         chat(ref, history, tools=[WEATHER], max_tokens=4)
     assert chat(ref, history, tools=[WEATHER], max_tokens=4, parse_special=True).generated_tokens >= 1
+
+
+def test_the_tools_guide_snippet_runs() -> None:
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "tools.md").read_text()
+    (snippet,) = re.findall(r"```python\n(.*?)```", guide, re.DOTALL)
+    exec(compile(snippet, "docs/guides/tools.md", "exec"), {})
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "hermes"),
+        ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes"),
+        ("Qwen-Qwen2.5-7B-Instruct", "hermes"),
+        ("Qwen-Qwen3-0.6B", "hermes"),
+        ("Qwen-QwQ-32B", "hermes"),
+        ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
+        ("meta-llama-Llama-3.2-3B-Instruct", "llama3"),
+        ("meta-llama-Llama-3.3-70B-Instruct", "llama3"),
+        ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
+        ("microsoft-Phi-3.5-mini-instruct", "generic"),
+        ("google-gemma-2-2b-it", "generic"),
+    ],
+)
+def test_the_guides_format_table_is_what_detection_finds(name: str, fmt: str) -> None:
+    from actors.backend._template import ChatTemplate
+    from actors.chat import detect
+
+    source = template(name)
+    compiled = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    info = detect(source, lambda m, tools: compiled.render(m, {}, add_generation_prompt=True, tools=tools))
+    assert info.syntax.name == fmt
