@@ -393,3 +393,34 @@ def test_the_guides_format_table_is_what_detection_finds(name: str, fmt: str) ->
     compiled = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
     info = detect(source, lambda m, tools: compiled.render(m, {}, add_generation_prompt=True, tools=tools))
     assert info.syntax.name == fmt
+
+
+def test_a_thinking_budget_closes_the_thinking_and_the_reply_answers(model_path: str) -> None:
+    ref = actors.ServerActor.start(
+        model_path=model_path, n_parallel=1, n_ctx=4096, chat_template=template("llama-cpp-deepseek-r1")
+    )
+    try:
+        ask = [{"role": "user", "content": "What's the sum of 102 and 7?"}]
+        free = chat(ref, ask, temp=0, max_tokens=40)
+        assert free.text == "" and free.reasoning  # this model never closes its thinking alone
+        tokenizer = ref.ask(GetTokenizer())
+        for budget in (3, 10):
+            spent = chat(ref, ask, temp=0, max_tokens=40, reasoning_budget=budget, logprobs=1)
+            close = tokenizer.tokenize("</think>", add_special=False)
+            # The budget's tokens were thought, then the close was forced, then the answer.
+            assert spent.token_ids[:budget] == free.token_ids[:budget]
+            assert spent.token_ids[budget : budget + len(close)] == tuple(close)
+            assert spent.text and len(spent.logprobs or ()) == len(spent.token_ids)
+        noted = chat(
+            ref, ask, temp=0, max_tokens=40, reasoning_budget=4, reasoning_budget_message="Time to answer."
+        )
+        assert noted.reasoning.rstrip().endswith("Time to answer.") and noted.text
+        # 0: the template's enable_thinking is off, so the prompt closes the thinking itself.
+        none = chat(ref, ask, temp=0, max_tokens=20, reasoning_budget=0)
+        assert none.reasoning == "" and none.text
+        with pytest.raises(InvalidRequest, match="reasoning_format 'none'"):
+            chat(ref, ask, reasoning_budget=5, reasoning_format="none")
+        with pytest.raises(InvalidRequest, match="reasoning_budget"):
+            chat(ref, ask, reasoning_budget=-3)
+    finally:
+        ref.stop()

@@ -365,7 +365,8 @@ class LlamaBackend:
         tools, choice = message.tools, message.tool_choice or "auto"
         variables = dict(message.template_kwargs or {})
         if info.enable_thinking and "enable_thinking" not in {**self._template_defaults, **variables}:
-            variables["enable_thinking"] = True  # as llama-server: a template that can think does
+            # As llama-server: a template that can think does, unless its budget is 0.
+            variables["enable_thinking"] = message.reasoning_budget != 0
         described = template_tools(tools, info)
         history, suffix = prefill(template_messages(message.messages, info, tools, choice))
         add = message.add_generation_prompt or bool(suffix)
@@ -721,6 +722,23 @@ class LlamaBackend:
         token = int(candidates["id"][selected])
         sampler.accept(token)
         return token
+
+    def force(self, sampler: _Greedy | _Chain, token: int) -> bool:
+        """Take ``token`` as sampled without sampling (a spent thinking budget's close):
+        accepted by the sampler's grammar and penalties, if its grammar allows it (one
+        it does not allow would abort llama.cpp); False, and nothing accepted, if not."""
+        if not 0 <= token < self.n_vocab:
+            return False
+        if isinstance(sampler, _Chain) and sampler.grammar is not None:
+            one, one_array = self._one
+            one["id"][0], one["logit"][0], one["p"][0] = token, 0.0, 0.0
+            one_array.size, one_array.selected, one_array.sorted = 1, -1, False
+            _lc.llama_sampler_apply(sampler.grammar, ctypes.byref(one_array))
+            if not one["logit"][0] > -np.inf:
+                return False
+        if isinstance(sampler, _Chain):
+            sampler.accept(token)
+        return True
 
     def _fill(self, logits: npt.NDArray[np.float32]) -> tuple[npt.NDArray[Any], Any]:
         """The shared candidate array, filled with every token's logit in id order."""

@@ -143,6 +143,13 @@ class ReplyParser:
         return out.parsed(self)
 
     @property
+    def thinking(self) -> bool:
+        """Whether the reply is inside its thinking now (what a thinking budget counts)."""
+        return self._mode == "reasoning" or (
+            self._mode == "start" and self._think is not None and bool(self._held)
+        )
+
+    @property
     def tool_calls(self) -> tuple[ToolCall, ...]:
         """The complete calls read so far."""
         return tuple(self.calls)

@@ -336,6 +336,14 @@ class Chat(_RequestMessage):
     """``"auto"`` or ``"deepseek"``: thinking (``<think>...</think>`` and the like) goes to
     ``Completion.reasoning``; ``"none"``: it stays in the text. None is the server's
     default (``"auto"`` unless it was started otherwise)."""
+    reasoning_budget: int | None = None
+    """The most tokens the reply may think (None: no bound): past it the thinking is
+    closed for the model (``reasoning_budget_message``, then the format's end marker)
+    and the reply goes on to its answer. 0 turns thinking off where the template can
+    (``enable_thinking``), and closes it at once where it opens it anyway."""
+    reasoning_budget_message: str | None = None
+    """Text written into the thinking when its budget ends, before the end marker
+    (e.g. "Time to answer."); None writes only the marker."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", checked_chat(self.messages))
@@ -363,6 +371,10 @@ class StreamChat(_RequestMessage):
     """As ``Chat.parallel_tool_calls``."""
     reasoning_format: str | None = None
     """As ``Chat.reasoning_format``."""
+    reasoning_budget: int | None = None
+    """As ``Chat.reasoning_budget``."""
+    reasoning_budget_message: str | None = None
+    """As ``Chat.reasoning_budget_message``."""
     progress: bool = False
     """As ``Stream.progress``."""
 
@@ -404,6 +416,22 @@ def _check_chat_options(message: Chat | StreamChat) -> None:
         f"reasoning_format must be one of {sorted(REASONING_FORMATS)} or None, "
         f"got {_show(message.reasoning_format)}",
     )
+    if message.reasoning_budget is not None:
+        _require(
+            _is_int(message.reasoning_budget) and 0 <= message.reasoning_budget <= _INT64_MAX,
+            f"reasoning_budget must be an int >= 0 (tokens) or None, got {_show(message.reasoning_budget)}",
+        )
+        _require(
+            message.reasoning_format != "none",
+            "reasoning_budget counts the thinking the reply splits out: "
+            "it cannot go with reasoning_format 'none'",
+        )
+    if message.reasoning_budget_message is not None:
+        object.__setattr__(
+            message,
+            "reasoning_budget_message",
+            _checked_text("reasoning_budget_message", message.reasoning_budget_message, MAX_STOP_LENGTH * 4),
+        )
     if tools is not None and message.tool_choice != "none":
         _require(
             message.grammar is None,

@@ -132,6 +132,7 @@ class Admission(ForwardPass):
         if prepared.reply is not None:
             request.reply = prepared.reply.parser()
             request.shown = self._shown(prepared.reply)
+            request.budget, request.budget_tokens = prepared.budget, prepared.budget_tokens
         if message.logprobs is not None:
             request.logprobs = []
         if self.drafter is not None and message.speculate:

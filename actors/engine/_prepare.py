@@ -49,6 +49,10 @@ class Prepared:
     reply: ReplySpec | None = None
     """How to split a chat's reply into content, thinking and tool calls (None: it is
     all content)."""
+    budget: int | None = None
+    """A chat's thinking budget in tokens (None: none), and the tokens that close the
+    thinking when it is spent (its message, then the format's end marker)."""
+    budget_tokens: tuple[int, ...] = ()
 
 
 def fit_prompt(prompt: list[int], message: RequestMessage, limit: int) -> list[int]:
@@ -121,7 +125,15 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
         raise
     except Exception as e:  # a bug or a library's surprise: the request's failure, not the caller's crash
         raise InvalidRequest(f"the request could not be prepared: {e!r}") from None
-    return Prepared(message, tuple(prompt), grammar, triggers, reply)
+    budget: int | None = None
+    budget_tokens: tuple[int, ...] = ()
+    if reply is not None and reply.reasoning and reply.syntax.think is not None:
+        budget = getattr(message, "reasoning_budget", None)
+        if budget is not None:
+            note = getattr(message, "reasoning_budget_message", None)
+            close = (note + "\n" if note else "") + reply.syntax.think[1]
+            budget_tokens = tuple(backend.tokenize(close, add_special=False, parse_special=True))
+    return Prepared(message, tuple(prompt), grammar, triggers, reply, budget, budget_tokens)
 
 
 def _triggers(backend: LlamaBackend, grammar: ToolGrammar) -> Triggers:

@@ -42,8 +42,11 @@ class Sampling(Finishing):
         if request.logprobs is not None and not post:  # from the raw logits, before any ban or bias
             log_softmax, top = self.backend.logprobs(index, message.logprobs or 0)
         ban_eog = message.ignore_eos or len(request.token_ids) < message.min_tokens
+        forced = self._forced(request)
         try:
-            token = self.backend.sample(request.sampler, index, ban_eog=ban_eog)
+            token = (
+                forced if forced is not None else self.backend.sample(request.sampler, index, ban_eog=ban_eog)
+            )
         except DeadEnd as dead_end:
             if dead_end.eog_allowed:  # only the end is allowed: min_tokens/ignore_eos yield
                 self._finish(slot, "eog")
@@ -66,7 +69,9 @@ class Sampling(Finishing):
             return None
         logprob = None
         if request.logprobs is not None and token not in self.backend.eog_ids:
-            if post:  # what the chain drew from: read before anything samples again
+            if post and forced is not None:  # forced (a thinking budget's close): certain
+                chosen, top = 0.0, [(token, 0.0)]
+            elif post:  # what the chain drew from: read before anything samples again
                 prob, probs = self.backend.sampled_probs(request.sampler, token, message.logprobs or 0)
                 chosen, top = _log(prob), [(t, _log(p)) for t, p in probs]
             else:
@@ -81,6 +86,22 @@ class Sampling(Finishing):
             )
         self._on_token(slot, token, logprob)
         return token
+
+    def _forced(self, request: Request) -> int | None:
+        """The next token of a spent thinking budget's close, when one is due and the
+        sampler (its grammar) takes it; None: sample as usual."""
+        reply = request.reply
+        spent = request.budget is not None and request.thought >= request.budget
+        if spent and reply is not None and reply.thinking and not request.forced:
+            request.forced = list(request.budget_tokens)
+            request.budget = None  # spent: closed once
+        if not request.forced:
+            return None
+        token = request.forced.pop(0)
+        if self.backend.force(request.sampler, token):
+            return token
+        request.forced.clear()  # the grammar refuses the close: let the model go on
+        return None
 
     def _progress(self, slot: Slot) -> bool:
         """Send the slot's prefill progress to its stream (``progress=True`` only); False
@@ -124,6 +145,8 @@ class Sampling(Finishing):
             request.pieces.append(text)
             event = Token(request.request_id, text, token, logprob, request.index)
         else:
+            if request.reply.thinking:
+                request.thought += 1
             parsed = request.reply.feed(text)
             request.pieces.append(parsed.content)
             event = Token(

@@ -65,6 +65,12 @@ class Request:
     reply: ReplyParser | None = None
     shown: frozenset[int] = frozenset()
     last: Token | None = None  # what the finish released (held-back text): the stream's last Token
+    # A thinking budget: tokens thought so far, its limit, and the tokens still to force
+    # (the close of the thinking, once the budget is spent).
+    thought: int = 0
+    budget: int | None = None
+    budget_tokens: tuple[int, ...] = ()
+    forced: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     stop_string: str | None = None
     prefix_cache_tokens: int = 0

@@ -182,6 +182,8 @@ def openai_body(body: Mapping[str, Any]) -> dict[str, Any]:
         ):
             raise _fail("'thinking' must be {'type': 'enabled' | 'disabled', ...}")
         oai["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}
+        if thinking["type"] == "enabled" and thinking.get("budget_tokens") is not None:
+            oai["thinking_budget_tokens"] = thinking["budget_tokens"]
     return oai
 
 

@@ -241,6 +241,8 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         kwargs = [(k, x) for k, x in kwargs if k != "enable_thinking"] + [("enable_thinking", v["reasoning"])]
     settings = HttpSettings(
         reasoning_format=v["reasoning_format"] or "auto",
+        reasoning_budget=v["reasoning_budget"],
+        reasoning_budget_message=v["reasoning_budget_message"],
         model_ids=v["alias"] or (),
         tags=v["tags"] or (),
         api_keys=_api_keys(v),

@@ -124,6 +124,13 @@ def _gpu_layers(text: str) -> int:
     return _integer(0, 2**31 - 1, extra=(-1,))(text)
 
 
+def _budget(text: str) -> int | None:
+    value = int(text)
+    if value < -1:
+        raise ValueError("must be -1 (no bound) or a number of tokens >= 0")
+    return None if value == -1 else value
+
+
 def _template_kwargs(text: str) -> tuple[tuple[str, Any], ...]:
     try:
         value = json.loads(text)
@@ -272,6 +279,11 @@ _OPTIONS = (
             "(into reasoning_content), none (left in content); a request's reasoning_format wins "
             "(default: auto)", _choice({"auto": "auto", "deepseek": "deepseek", "none": "none"}),
             "auto|deepseek|none"),
+    _Option("--reasoning-budget", "reasoning_budget", "the most tokens a chat's thinking may take, "
+            "then it is closed for the model: -1 no bound, 0 no thinking; a request's "
+            "reasoning_budget_tokens wins (default: -1)", _budget, "N"),
+    _Option("--reasoning-budget-message", "reasoning_budget_message", "text written into the "
+            "thinking when its budget ends, before the end marker (default: none)", str, "TEXT"),
     _Option("--chat-template-kwargs", "chat_template_kwargs", "extra chat template variables, a JSON "
             "object of JSON values (--reasoning wins on enable_thinking; a request's own win over "
             "these)", _template_kwargs, "JSON"),

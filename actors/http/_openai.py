@@ -97,7 +97,12 @@ def _options(service: Service, body: Mapping[str, Any], *, chat: bool) -> dict[s
         variables = template_kwargs(service.settings.chat_template_kwargs, body)
         if variables:
             options["template_kwargs"] = variables
-        options.update(tool_options(body, service.settings.reasoning_format))
+        settings = service.settings
+        options.update(
+            tool_options(
+                body, settings.reasoning_format, settings.reasoning_budget, settings.reasoning_budget_message
+            )
+        )
     user = body.get("user")
     if isinstance(user, str) and user and "cache_scope" not in options:
         options["cache_scope"] = f"user:{user}"

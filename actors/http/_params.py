@@ -378,10 +378,28 @@ def text_content(content: object, *, allow_none: bool = False) -> str:
 _REASONING_FORMATS = ("auto", "none", "deepseek")
 
 
-def tool_options(body: Mapping[str, Any], reasoning_default: str | None) -> dict[str, Any]:
+def tool_options(
+    body: Mapping[str, Any],
+    reasoning_default: str | None,
+    budget_default: int | None = None,
+    budget_message: str | None = None,
+) -> dict[str, Any]:
     """OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, and llama-server's
-    ``reasoning_format``, as engine options (the engine checks the tools themselves)."""
+    ``reasoning_format`` and thinking budget (``reasoning_budget_tokens`` or
+    ``thinking_budget_tokens``, -1 the server's; ``reasoning_budget_message``), as engine
+    options (the engine checks the tools themselves)."""
     options: dict[str, Any] = {}
+    budget = _int(body, "reasoning_budget_tokens")
+    if budget is None:
+        budget = _int(body, "thinking_budget_tokens")
+    reasoning = body.get("reasoning_format", reasoning_default)
+    if budget is None or budget == -1:
+        budget = budget_default if reasoning != "none" else None
+    if budget is not None:
+        options["reasoning_budget"] = budget
+        message = body.get("reasoning_budget_message", budget_message)
+        if message is not None:
+            options["reasoning_budget_message"] = message
     tools = body.get("tools")
     if tools is not None and tools != []:
         if not isinstance(tools, list):
@@ -395,7 +413,6 @@ def tool_options(body: Mapping[str, Any], reasoning_default: str | None) -> dict
     parallel = _bool(body, "parallel_tool_calls")
     if parallel is not None:
         options["parallel_tool_calls"] = parallel
-    reasoning = body.get("reasoning_format", reasoning_default)
     if reasoning is not None:
         if reasoning not in _REASONING_FORMATS:
             raise _fail(

@@ -60,6 +60,10 @@ class HttpSettings:
             (``--chat-template-kwargs``; ``--reasoning`` sets ``enable_thinking``).
         reasoning_format: a chat's ``reasoning_format`` when its request sets none
             (``--reasoning-format``): ``auto``, ``deepseek`` or ``none``.
+        reasoning_budget: a chat's thinking budget in tokens when its request sets
+            none (``--reasoning-budget``; None: no bound).
+        reasoning_budget_message: the text that closes a spent thinking budget
+            (``--reasoning-budget-message``).
         verbose: log every request.
         pooling: how the embeddings endpoints pool (``--pooling``): ``"mean"``, ``"cls"``
             or ``"last"``; None: the model's own, else mean. ``"none"`` serves no pooled
@@ -97,6 +101,8 @@ class HttpSettings:
     drain_timeout_s: float = 30.0
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     reasoning_format: str = "auto"
+    reasoning_budget: int | None = None
+    reasoning_budget_message: str | None = None
     verbose: bool = False
     loop_nice: int = 10
     pooling: Literal["mean", "cls", "last", "none"] | None = None
