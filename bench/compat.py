@@ -9,6 +9,16 @@ files run once against each, one test at a time, each with a timeout; the report
 both pass counts and the tests that pass on llama-server but not on ours, except those
 that need a part we deliberately leave out (``LEFT_OUT``).
 
+The tests marked slow are left out except in ``SLOW_FILES`` (``test_tool_call.py`` and
+``test_compat_anthropic.py``: tool calls, reasoning and thinking with the hub models they
+name). The wrapper maps each hub model to the default model as well and, when the test
+gives no template of its own (no ``--chat-template``/``--chat-template-file``), adds the
+hub model's template from llama.cpp's ``models/templates/`` (the table is in the wrapper's
+docstring and ``HUB_TEMPLATES``), so both servers render the same template.
+The tests of a file in ``FILE_TIMEOUTS`` get a longer per-test timeout (the default
+model may generate up to 8192 tokens there). The wall time of each run, and of each file,
+goes in the report.
+
 The suite's own requirements go in a venv of their own, ``bench/.peers/compat-venv``
 (made on first use). The suite picks its port from ``$PORT`` (8080 by default); we give
 it a free one, so it never talks to another server on this machine. Its session
@@ -33,7 +43,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -66,7 +78,19 @@ FILES = (
     "test_template.py",
     "test_kv_keep_only_active.py",
     "test_embedding.py",  # issue 17: embeddings (the suite's BERT model mapped to the default one)
+    # issue 30: tool calls, reasoning, Anthropic /v1/messages, OpenAI /v1/responses
+    "test_tool_call.py",
+    "test_compat_anthropic.py",
+    "test_compat_oai_responses.py",
 )
+
+# Files whose tests marked slow run too (the others run ``not slow``).
+SLOW_FILES = ("test_tool_call.py", "test_compat_anthropic.py")
+
+# Per-test timeouts (seconds) longer than ``--timeout`` for the tests of these files: the
+# slow tool-call tests generate up to 512 tokens (8192 for one) with the default model,
+# 60-90 tokens/s on 2 cores, grammar-constrained on llama-server, plus the server start.
+FILE_TIMEOUTS = {"test_tool_call.py": 300, "test_compat_anthropic.py": 300}
 
 # Tests that need a part of llama-server we deliberately leave out (issue 14): a
 # node-id pattern (fnmatch) and the reason. A test matched here is reported as
@@ -83,11 +107,6 @@ LEFT_OUT: tuple[tuple[str, str], ...] = (
     (
         "unit/test_kv_keep_only_active.py::*",
         "reads llama-server's own debug log lines (__TEST_TAG_...)",
-    ),
-    (
-        "unit/test_template.py::test_reasoning?*-auto-*",
-        "llama.cpp's per-model chat formats (common/chat.cpp) rewrite a template's output for "
-        "--reasoning auto; ours renders the Jinja template as written",
     ),
     (
         "unit/test_completion.py::test_completion_unified[[]256-4-n_predict_vals2-*",
@@ -153,7 +172,7 @@ EXTRA_REQUIREMENTS = ("pytest-timeout",)
 # Environment variables that change what the suite does; never inherited.
 SUITE_SWITCHES = ("DEBUG", "DEBUG_EXTERNAL", "N_GPU_LAYERS", "SLOW_TESTS", "PORT", "LLAMA_SERVER_BIN_PATH")
 
-Outcomes = dict[str, dict[str, str]]
+Outcomes = dict[str, dict[str, Any]]
 
 
 def suite_dir() -> Path:
@@ -214,6 +233,11 @@ def run_suite(
         COMPAT_SERVER=server,
         COMPAT_MODEL=model,
         COMPAT_OUTCOMES=str(outcomes_path),
+        COMPAT_SLOW_FILES=",".join(SLOW_FILES),
+        COMPAT_TIMEOUTS=json.dumps(
+            {name: max(seconds, timeout_s) for name, seconds in FILE_TIMEOUTS.items()}
+        ),
+        COMPAT_TEMPLATES=str((tests / ".." / ".." / ".." / "models" / "templates").resolve()),
         PORT=str(free_port()),
         PYTHONPATH=str(PLUGIN_DIR),
         PYTHONDONTWRITEBYTECODE="1",
@@ -226,8 +250,6 @@ def run_suite(
         "compat_plugin",
         "-p",
         "no:cacheprovider",
-        "-m",
-        "not slow",
         f"--timeout={timeout_s}",
         f"--junitxml={RUNS / f'{stem}.xml'}",
         "-v",
@@ -237,6 +259,7 @@ def run_suite(
     ]
     print(f"\n=== {server}: {' '.join(command[3:])}  (PORT={env['PORT']})", flush=True)
     log_path = RUNS / f"{stem}.log"
+    started = time.monotonic()
     with (
         open(log_path, "w") as log,
         subprocess.Popen(
@@ -249,14 +272,54 @@ def run_suite(
             # The per-test lines and the summary; the failure details stay in the log.
             if "::" in line or line.startswith("=") or line.startswith("ERROR"):
                 print(line, end="", flush=True)
-    print(f"({server}: pytest exited {proc.returncode}; full log in {log_path})")
+    wall_s = round(time.monotonic() - started)
+    print(f"({server}: pytest exited {proc.returncode} after {_minutes(wall_s)}; full log in {log_path})")
     if not outcomes_path.exists():
         sys.exit(f"{server}: the suite wrote no outcomes; see {log_path}")
     what = _llama_server_version() if server == "llama-server" else _our_commit()
-    meta = {"when": datetime.datetime.now().isoformat(timespec="minutes"), "what": what}
+    meta = {
+        "when": datetime.datetime.now().isoformat(timespec="minutes"),
+        "what": what,
+        "wall_s": wall_s,
+        "timeout_s": timeout_s,
+    }
     (RUNS / f"{stem}.meta.json").write_text(json.dumps(meta))
     result: Outcomes = json.loads(outcomes_path.read_text())
     return result
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def _meta(server: str) -> dict[str, Any]:
+    try:
+        result: dict[str, Any] = json.loads((RUNS / f"{server}.meta.json").read_text())
+        return result
+    except (OSError, ValueError):
+        return {}
+
+
+def wall_times(outcomes: Outcomes) -> dict[str, float]:
+    """Seconds spent in each test file (setup, call and teardown of its tests)."""
+    times: dict[str, float] = {}
+    for nodeid, entry in outcomes.items():
+        name = nodeid.partition("::")[0].rpartition("/")[2]
+        times[name] = times.get(name, 0.0) + float(entry.get("duration", 0.0))
+    return times
+
+
+def _hub_templates() -> dict[str, str]:
+    """The wrapper's table: each template file and the hub models it stands for."""
+    sys.path.insert(0, str(PLUGIN_DIR))
+    try:
+        import llama_server  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(PLUGIN_DIR))
+    by_file: dict[str, list[str]] = {}
+    for model, file in llama_server.HUB_TEMPLATES:
+        by_file.setdefault(file, []).append(model)
+    return {file: ", ".join(models) for file, models in by_file.items()}
 
 
 def _described(server: str) -> str:
@@ -331,9 +394,41 @@ def report(
         "(SmolLM2-135M-Instruct Q4_1) for every preset of the suite (`bench/compat/llama_server.py`",
         "maps the suite's downloads to it). Produced by",
         f"`python bench/compat.py` (`make compat`) from `{tests.relative_to(REPO)}/unit/`:",
-        f"{', '.join(f'`{name}`' for name in FILES)}; not the tests marked slow; one test at a time.",
+        f"{', '.join(f'`{name}`' for name in FILES)}; one test at a time. The tests marked slow run",
+        f"only in {', '.join(f'`{name}`' for name in SLOW_FILES)}; per-test timeout "
+        f"{', '.join(f'{seconds} s for `{name}`' for name, seconds in FILE_TIMEOUTS.items())}, "
+        f"{_meta('llama-server').get('timeout_s', 180)} s for the rest.",
+        "",
+        "Hub models: the slow tests name hub models (`bartowski/...-GGUF`), each mapped to the",
+        "default model too; when a test gives no template of its own (no `--chat-template` or",
+        "`--chat-template-file`) the wrapper adds the hub model's template from llama.cpp's",
+        "`models/templates/`, the same for both servers: "
+        + "; ".join(f"{models} → `{file}`" for file, models in _hub_templates().items())
+        + ".",
         "",
     ]
+    walls = [(name, _meta(name).get("wall_s")) for name in ("llama-server", "ours")]
+    if any(wall for _, wall in walls):
+        lines += [
+            "Wall time of the last full run: "
+            + ", ".join(f"{name} {_minutes(wall)}" for name, wall in walls if wall)
+            + ". Per file (setup, call and teardown of its tests):",
+            "",
+        ]
+        per_file = {
+            side: wall_times(outcomes)
+            for side, outcomes in (("llama-server", llama), ("ours", ours))
+            if outcomes
+        }
+        lines += [
+            markdown_table(
+                ["file", *per_file],
+                [
+                    [f"`{name}`", *(_minutes(times.get(name, 0.0)) for times in per_file.values())]
+                    for name in FILES
+                ],
+            )
+        ]
     if skipped_requirements:
         lines += [f"Requirements that did not install: {', '.join(skipped_requirements)}.", ""]
     rows = [["llama-server", str(len(passed(llama))), counts(llama)]]
@@ -463,6 +558,8 @@ def main() -> None:
     for name, outcomes in (("llama-server", llama), ("ours", ours)):
         if outcomes is not None:
             print(f"{name:>12}: {len(passed(outcomes))} passed ({counts(outcomes)})")
+            times = wall_times(outcomes)
+            print(" " * 14 + ", ".join(f"{file} {_minutes(t)}" for file, t in times.items()))
     if llama is not None and ours is not None:
         differences = sorted((passed(llama) - passed(ours)) & set(ours))
         num_left_out = sum(1 for nodeid in differences if left_out_reason(nodeid))

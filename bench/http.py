@@ -55,6 +55,7 @@ from actors.http._cli import parse
 from bench._common import EOG_IDS, RESULTS, machine, markdown_table, percentile, prompts, write_result
 from bench._sse import SseConnection
 from bench._systems import Engine, ExampleServer, LlamaServer, System, _free_port, _wait_http
+from bench._tools_run import add_tools, decode_rate, template_path
 
 PEERS = ROOT / "bench" / ".peers"
 SERVERS = ("ours", "llama-server", "example-server")
@@ -131,6 +132,8 @@ def body_for(server: str, path: str, prompt: str, max_tokens: int) -> dict[str, 
         body["logit_bias"] = {str(t): -100 for t in EOG_IDS}  # it has no ignore_eos
     else:
         body["ignore_eos"] = True
+    if server in ("ours+tools", "ours+plain"):  # the same prompt; "plain" parses nothing
+        return add_tools(body, "auto" if server == "ours+tools" else "none")
     return body
 
 
@@ -294,7 +297,7 @@ def measure(
     cost: dict[str, list[Run]],
 ) -> None:
     """Fill ``results`` and ``cost`` run by run, so an interrupted run keeps what it measured."""
-    names = list(started)
+    names = [name for name in started if name != "ours+template"]  # that one only serves the tools run
     for r in range(args.rounds):
         for c in args.levels:
             order = names[r % len(names) :] + names[: r % len(names)]
@@ -306,6 +309,18 @@ def measure(
                 print(
                     f"  round {r + 1}/{args.rounds} c={c:2d} {name:15s} {run.tokens_per_s:7.1f} tok/s"
                     f"  TTFT p50 {percentile(run.ttft_ms, 50):6.0f} ms  errors {len(run.errors)}",
+                    flush=True,
+                )
+        tools_server = started.get("ours+template")
+        if tools_server is not None:
+            c, n = args.tools_concurrency, requests_at(args, args.tools_concurrency)
+            for which in ("ours+plain", "ours+tools") if r % 2 == 0 else ("ours+tools", "ours+plain"):
+                time.sleep(1.0)
+                run = level(which, tools_server.port, c, n, f"tools.{r}", args.max_tokens, [CHAT])
+                cost[which].append(run)
+                print(
+                    f"  round {r + 1}/{args.rounds} tools c={c} {which:10s} {run.tokens_per_s:7.1f} tok/s"
+                    f"  decode {decode_rate(run):6.1f} tok/s  errors {len(run.errors)}",
                     flush=True,
                 )
         if "ours" in started and args.cost_concurrency:
@@ -425,6 +440,29 @@ def report(
             + f"\nHTTP / in-process tok/s: {ratio:.3f}x, a cost of {(1 - ratio) * 100:.1f}% "
             "(goal: at most 3%).\n"
         )
+    if cost.get("ours+plain") and cost.get("ours+tools"):
+        plain, tools = cost["ours+plain"], cost["ours+tools"]
+        rows = [
+            [
+                label,
+                f"{_med(runs, lambda r: r.tokens_per_s):.1f}",
+                f"{_med(runs, decode_rate):.1f}",
+                f"{summary(runs)['itl50']:.1f}",
+                f"{summary(runs)['errors']:.0f}",
+            ]
+            for label, runs in (("tool_choice none", plain), ("tool_choice auto", tools))
+        ]
+        ratio = _med(tools, decode_rate) / _med(plain, decode_rate)
+        text += (
+            f"\n## Streaming with tools\n\nOurs with Qwen 2.5's chat template (Hermes-style "
+            f"`<tool_call>` format), concurrency {args.tools_concurrency}, the same streaming chat "
+            "requests with one tool described in the prompt, `tool_choice` none (nothing parsed) and "
+            "auto (the reply parser and the lazy grammar's trigger run on every token; the model calls "
+            "nothing on these prompts), alternating within each round.\n\n"
+            + markdown_table(["requests", "tokens/s", "decode tok/s", "ITL p50 ms", "errors"], rows)
+            + f"\nDecode rate auto / none: {ratio:.3f}x, a cost of {(1 - ratio) * 100:.1f}% "
+            "(goal: at most 3%).\n"
+        )
     errors = [(name, c, e) for (name, c), runs in results.items() for run in runs for e in run.errors]
     if errors:
         text += "\n## Errors (first 10)\n\n" + "".join(f"- {n} c={c}: `{e}`\n" for n, c, e in errors[:10])
@@ -445,6 +483,9 @@ def main() -> None:
     parser.add_argument("--n-parallel", type=int, help="slots for every server (default: the top level)")
     parser.add_argument("--n-threads", type=int, default=2)
     parser.add_argument("--cost-concurrency", type=int, default=8, help="0: skip the HTTP-cost comparison")
+    parser.add_argument(
+        "--tools-concurrency", type=int, default=8, help="0: skip the streaming-with-tools comparison"
+    )
     parser.add_argument("--quick", action="store_true", help="one round, c=1 and 4, few short requests")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where http.md goes")
     parser.add_argument("--ours-flags", default="", help="more flags for ours, e.g. '--loop-nice 0' (an A/B)")
@@ -454,6 +495,7 @@ def main() -> None:
     Ours.extra = tuple(args.ours_flags.split())
     if args.quick:
         args.levels, args.rounds, args.requests, args.max_tokens, args.cost_concurrency = [1, 4], 1, 4, 8, 4
+        args.tools_concurrency = min(args.tools_concurrency, 4)
     args.n_parallel = args.n_parallel or max(args.levels)
     if args.child_engine:
         child_engine(args)
@@ -465,7 +507,16 @@ def main() -> None:
     print(f"{machine()}; levels {args.levels}, {args.rounds} rounds, max_tokens={args.max_tokens}")
     started = start_servers(names, args)
     results: dict[tuple[str, int], list[Run]] = {}
-    cost: dict[str, list[Run]] = {"engine": [], "ours": []}
+    cost: dict[str, list[Run]] = {"engine": [], "ours": [], "ours+plain": [], "ours+tools": []}
+    if "ours" in started and args.tools_concurrency:
+        with_template = Ours(default_model_path(), args.n_ctx, args.n_threads)
+        extra = Ours.extra
+        Ours.extra = (*extra, "--chat-template-file", str(template_path()))
+        try:
+            with_template.start(args.n_parallel)
+        finally:
+            Ours.extra = extra
+        started["ours+template"] = with_template
     # Ctrl-C or SIGTERM stops the run and reports what it measured, also when started
     # in the background (where a shell leaves SIGINT ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)

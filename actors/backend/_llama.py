@@ -753,10 +753,12 @@ class LlamaBackend:
         logits, accepted if the grammar allows it (one candidate to check instead of the
         whole vocabulary); -1 when it does not, and the full path must run. The result
         is the same token: the argmax of the allowed ones."""
-        candidates, array = self._fill(logits)
         if sampler.filters is not None:
+            candidates, array = self._fill(logits)
             _lc.llama_sampler_apply(sampler.filters, ctypes.byref(array))
-        allowed = candidates["logit"]
+            allowed = candidates["logit"]
+        else:  # nothing to filter: the logits themselves (a copy only to ban the end)
+            allowed = logits.copy() if ban_eog else logits
         if ban_eog:
             allowed[self.eog_array] = -np.inf
         token = int(np.argmax(allowed))

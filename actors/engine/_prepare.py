@@ -137,10 +137,15 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
 
 
 def _triggers(backend: LlamaBackend, grammar: ToolGrammar) -> Triggers:
-    """The grammar's trigger patterns, and the tokens that spell a trigger word alone."""
+    """What wakes the lazy grammar: the token of each trigger word that is one token
+    (as llama.cpp does: the model writes its markers as the tokens it was trained on),
+    else the word's pattern. A pattern is searched in the whole reply so far at every
+    token, a cost that grows with the reply; a token costs nothing."""
     tokens = []
     for word in grammar.trigger_words:
         ids = backend.tokenize(word, add_special=False, parse_special=True)
         if len(ids) == 1:
             tokens.append(ids[0])
+    if len(tokens) == len(grammar.trigger_words) and tokens:
+        return (), tuple(tokens)
     return grammar.trigger_patterns, tuple(tokens)

@@ -1,6 +1,6 @@
 """A pytest plugin that ``bench/compat.py`` loads into llama.cpp's server test suite.
 
-It does two things, both outside the suite's tests themselves:
+It does these things, all outside the suite's tests themselves:
 
 - It turns the suite's session warm-up ``ServerPreset.load_all()`` into a no-op. The
   warm-up starts every preset once (an embedding server, a reranker, a vision model,
@@ -10,7 +10,12 @@ It does two things, both outside the suite's tests themselves:
 - It writes each test's outcome, by node id, to the JSON file ``$COMPAT_OUTCOMES``:
   ``{"node id": {"outcome": "passed|failed|error|skipped", "message": "..."}}``, where
   ``error`` is a failure in setup or teardown and ``message`` the first line of the
-  failure (or the reason for a skip).
+  failure (or the reason for a skip), and ``duration`` the seconds its setup, call and
+  teardown took.
+- It deselects the tests marked ``slow`` except in the files named (comma-separated) in
+  ``$COMPAT_SLOW_FILES``, so the marker selection is per file.
+- It gives the tests of each file in ``$COMPAT_TIMEOUTS`` (JSON: ``{"file name": seconds}``)
+  that pytest-timeout timeout instead of ``--timeout``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import pytest
 
-_outcomes: dict[str, dict[str, str]] = {}
+_outcomes: dict[str, dict[str, Any]] = {}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -29,6 +34,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     import utils  # type: ignore[import-not-found]
 
     utils.ServerPreset.load_all = staticmethod(lambda: None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow_files = {name for name in os.environ.get("COMPAT_SLOW_FILES", "").split(",") if name}
+    timeouts: dict[str, int] = json.loads(os.environ.get("COMPAT_TIMEOUTS") or "{}")
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        name = item.path.name
+        if item.get_closest_marker("slow") is not None and name not in slow_files:
+            dropped.append(item)
+            continue
+        if name in timeouts:
+            item.add_marker(pytest.mark.timeout(timeouts[name]), append=False)
+        keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 def _message(report: pytest.TestReport) -> str:
@@ -40,7 +63,10 @@ def _message(report: pytest.TestReport) -> str:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    entry = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": ""})
+    entry: dict[str, Any] = _outcomes.setdefault(
+        report.nodeid, {"outcome": "passed", "message": "", "duration": 0.0}
+    )
+    entry["duration"] = round(entry["duration"] + report.duration, 2)
     if entry["outcome"] != "passed":
         return  # the first thing that went wrong is the one to report
     if report.skipped:

