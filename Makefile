@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-smoke compat clean
+.PHONY: install demo test lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-smoke compat clients clean
 
 # llama.cpp compiles for this CPU (GGML_NATIVE) but without AMX: on a Sapphire Rapids
 # VM ggml's AMX matmul kills the process at its first ldtilecfg (seen 2026-12-02, in
@@ -104,6 +104,12 @@ bench-smoke: install
 # both pass counts and the difference; bench/results/compat.md.
 compat: bench-peers
 	$(PY) bench/compat.py
+
+# Real agent clients (openai, anthropic, langchain-openai, pydantic-ai, instructor,
+# openai-agents), each its current release in a fresh venv under bench/.peers/clients,
+# against one `serve` (bench/clients.py): bench/results/clients.md.
+clients: install
+	$(PY) bench/clients.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -47,9 +47,15 @@ def history_after(message: Any) -> list[Any]:
 
 with steps.step("messages.create"):
     message = client.messages.create(
-        model=MODEL, max_tokens=30, system="Be brief.", messages=[{"role": "user", "content": "Hello"}],
+        model=MODEL,
+        max_tokens=30,
+        # System blocks with cache_control, metadata and stop sequences, as agents send them.
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        metadata={"user_id": "bench"},
+        stop_sequences=["\n\n\n"],
+        messages=[{"role": "user", "content": "Hello"}],
         extra_body=GREEDY,
-    )  # fmt: skip
+    )
     check(message.type == "message" and message.role == "assistant", f"{message}")
     check(message.content and message.content[0].type == "text" and message.content[0].text, f"{message}")
     check(message.stop_reason in ("end_turn", "max_tokens"), f"stop_reason {message.stop_reason}")

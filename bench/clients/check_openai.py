@@ -12,6 +12,7 @@ from typing import Any
 
 import openai
 from _support import BASE_URL, MODEL, QUESTION, WEATHER_SCHEMA, Steps, check, get_weather
+from pydantic import BaseModel
 
 client = openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0)
 CHAT_TOOL: Any = {
@@ -30,6 +31,19 @@ RESPONSES_TOOL: Any = {
     "strict": False,
 }
 ASK: list[Any] = [{"role": "user", "content": QUESTION}]
+
+
+class GetWeather(BaseModel):
+    """The weather now in a city."""
+
+    location: str
+
+
+class Report(BaseModel):
+    city: str
+    temperature_c: int
+
+
 steps = Steps()
 
 
@@ -190,5 +204,37 @@ with steps.step("responses streamed function_call"):
     (call,) = [item for item in streamed.output if item.type == "function_call"][:1]
     check(call.arguments == arguments, f"{call.arguments!r} != deltas {arguments!r}")
     run_call(call.name, call.arguments)
+
+with steps.step("chat.completions.parse, pydantic_function_tool (strict)"):
+    parsed = client.chat.completions.parse(
+        model=MODEL,
+        messages=ASK,
+        tools=[openai.pydantic_function_tool(GetWeather, name="get_weather")],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=100,
+    )
+    parsed_call = parsed.choices[0].message.tool_calls[0]
+    check(isinstance(parsed_call.function.parsed_arguments, GetWeather), f"{parsed_call}")
+
+with steps.step("chat.completions.parse, response_format a pydantic model"):
+    report = client.chat.completions.parse(
+        model=MODEL,
+        messages=[{"role": "user", "content": "It is 21 degrees Celsius in Paris. Report the weather."}],
+        response_format=Report,
+        temperature=0,
+        max_tokens=100,
+    )
+    check(isinstance(report.choices[0].message.parsed, Report), f"{report.choices[0].message}")
+
+with steps.step("responses.parse, text_format a pydantic model"):
+    parsed_response = client.responses.parse(
+        model=MODEL,
+        input="It is 21 degrees Celsius in Paris. Report the weather.",
+        text_format=Report,
+        temperature=0,
+        max_output_tokens=100,
+    )
+    check(isinstance(parsed_response.output_parsed, Report), f"{parsed_response.output}")
 
 steps.finish()

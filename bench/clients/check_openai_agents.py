@@ -29,8 +29,9 @@ from agents.items import ToolCallItem, ToolCallOutputItem
 from openai import AsyncOpenAI
 
 set_tracing_disabled(True)
-client = AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0)
-set_default_openai_client(client, use_for_tracing=False)
+set_default_openai_client(
+    AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0), use_for_tracing=False
+)
 SETTINGS = ModelSettings(tool_choice="required", temperature=0, max_tokens=120)
 ran = {"calls": 0}
 
@@ -48,6 +49,11 @@ def weather(location: str) -> str:
     """
     ran["calls"] += 1
     return get_weather(location)
+
+
+def fresh() -> AsyncOpenAI:
+    """A client per run: its connections belong to the event loop of the run that made them."""
+    return AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0)
 
 
 def make_agent(model: Any, **kwargs: Any) -> Agent:
@@ -76,19 +82,17 @@ with steps.step("Runner.run_sync, default client (Responses)"):
     check_run(Runner.run_sync(make_agent(MODEL), QUESTION, max_turns=4))
 
 with steps.step("Runner.run_sync, OpenAIResponsesModel"):
-    check_run(Runner.run_sync(make_agent(OpenAIResponsesModel(MODEL, client)), QUESTION, max_turns=4))
+    check_run(Runner.run_sync(make_agent(OpenAIResponsesModel(MODEL, fresh())), QUESTION, max_turns=4))
 
 with steps.step("tool_use_behavior stop_on_first_tool"):
-    agent = make_agent(OpenAIResponsesModel(MODEL, client), tool_use_behavior="stop_on_first_tool")
+    agent = make_agent(OpenAIResponsesModel(MODEL, fresh()), tool_use_behavior="stop_on_first_tool")
     result = Runner.run_sync(agent, QUESTION, max_turns=2)
     check(TOOL_RESULT in str(result.final_output), f"final {result.final_output!r}")
 
 with steps.step("Runner.run_streamed (Responses)"):
 
     async def streamed() -> Any:
-        # A client of this event loop's own: run_sync's loop holds the other one's connections.
-        own = AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0)
-        run = Runner.run_streamed(make_agent(OpenAIResponsesModel(MODEL, own)), QUESTION, max_turns=4)
+        run = Runner.run_streamed(make_agent(OpenAIResponsesModel(MODEL, fresh())), QUESTION, max_turns=4)
         kinds = [event.type async for event in run.stream_events()]
         check("raw_response_event" in kinds and "run_item_stream_event" in kinds, f"events {set(kinds)}")
         return run
@@ -96,6 +100,6 @@ with steps.step("Runner.run_streamed (Responses)"):
     check_run(asyncio.run(streamed()))
 
 with steps.step("Runner.run_sync, OpenAIChatCompletionsModel"):
-    check_run(Runner.run_sync(make_agent(OpenAIChatCompletionsModel(MODEL, client)), QUESTION, max_turns=4))
+    check_run(Runner.run_sync(make_agent(OpenAIChatCompletionsModel(MODEL, fresh())), QUESTION, max_turns=4))
 
 steps.finish()

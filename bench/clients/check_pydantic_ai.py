@@ -32,6 +32,17 @@ class Weather(BaseModel):
     temperature_c: int = Field(description="the temperature in degrees Celsius")
 
 
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+class People(BaseModel):
+    """Everyone the text names."""
+
+    people: list[Person]
+
+
 def tool_ran(messages: list[Any]) -> bool:
     return any(
         isinstance(part, ToolReturnPart) for message in messages for part in getattr(message, "parts", [])
@@ -73,6 +84,12 @@ with steps.step("output_type a pydantic model (default tool output)"):
     report = agent_out.run_sync("It is 21 degrees Celsius in Paris. Report the weather.")
     check(isinstance(report.output, Weather), f"output {report.output!r}")
     steps.note(f"output: {report.output!r}")
+
+with steps.step("output_type a nested model (a list of models)"):
+    agent_nested = Agent(model, output_type=People, model_settings=BASE_SETTINGS)
+    people = agent_nested.run_sync("Ann is 31 and Bob is 42. List them.")
+    check(isinstance(people.output, People), f"output {people.output!r}")
+    steps.note(f"output: {people.output!r}")
 
 with steps.step("a tool, then the structured output"):
     agent_both = Agent(model, tools=[weather], output_type=Weather, model_settings=call_then_answer)
