@@ -270,3 +270,71 @@ def test_responses_refuse_stored_state_with_a_400(running: Running) -> None:
         running.url + "/v1/responses", json={"input": "hi", "previous_response_id": "resp_1"}, timeout=30
     )
     assert reply.status_code == 400 and "previous_response_id" in reply.json()["error"]["message"]
+
+
+# -- thinking, on each API (DeepSeek R1's template opens the reply's thinking) ------------
+
+
+@pytest.fixture(scope="module")
+def thinking(model_path: str) -> Iterator[Running]:
+    from templates import template
+
+    server = Running(
+        HttpSettings(model_ids=("smol",)),
+        lambda: ServerActor.start(
+            model_path=model_path, n_parallel=1, n_ctx=4096, chat_template=template("llama-cpp-deepseek-r1")
+        ),
+    )
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+SUM = [{"role": "user", "content": "What's the sum of 102 and 7?"}]
+
+
+def test_thinking_is_reasoning_content_in_openai_chat(thinking: Running) -> None:
+    client = openai.OpenAI(base_url=thinking.url + "/v1", api_key="none", max_retries=0)
+    whole = client.chat.completions.create(model="smol", messages=SUM, temperature=0, max_tokens=24)
+    message = whole.model_dump()["choices"][0]["message"]
+    assert message["reasoning_content"] and "</think>" not in message["reasoning_content"]
+    streamed = ""
+    for chunk in client.chat.completions.create(
+        model="smol", messages=SUM, temperature=0, max_tokens=24, stream=True
+    ):
+        for choice in chunk.model_dump()["choices"]:
+            streamed += choice["delta"].get("reasoning_content") or ""
+    assert streamed == message["reasoning_content"]
+    kept = client.chat.completions.create(
+        model="smol", messages=SUM, temperature=0, max_tokens=24, extra_body={"reasoning_format": "none"}
+    )
+    assert "reasoning_content" not in kept.choices[0].message.model_dump(exclude_none=True)
+    budget = client.chat.completions.create(
+        model="smol", messages=SUM, temperature=0, max_tokens=24, extra_body={"reasoning_budget_tokens": 4}
+    )
+    assert budget.choices[0].message.content  # the thinking was closed: the reply answered
+
+
+def test_thinking_is_a_thinking_block_in_anthropic_messages(thinking: Running) -> None:
+    claude = anthropic.Anthropic(base_url=thinking.url, api_key="none", max_retries=0)
+    message = claude.messages.create(model="smol", max_tokens=24, messages=SUM)
+    assert message.content[0].type == "thinking" and message.content[0].thinking
+    with claude.messages.stream(model="smol", max_tokens=24, messages=SUM) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert "thinking" in kinds or any(block.type == "thinking" for block in final.content)
+    assert final.content[0].type == "thinking"
+
+
+def test_thinking_is_a_reasoning_item_in_responses(thinking: Running) -> None:
+    client = openai.OpenAI(base_url=thinking.url + "/v1", api_key="none", max_retries=0)
+    response = client.responses.create(
+        model="smol", input="What's the sum of 102 and 7?", max_output_tokens=24
+    )
+    assert response.output[0].type == "reasoning"
+    with client.responses.stream(
+        model="smol", input="What's the sum of 102 and 7?", max_output_tokens=24
+    ) as s:
+        kinds = {event.type for event in s}
+        final = s.get_final_response()
+    assert "response.reasoning_text.delta" in kinds and final.output[0].type == "reasoning"
