@@ -81,43 +81,51 @@ CLIENTS = (
         "openai",
         ("openai",),
         "openai",
-        "chat: tool_choice auto, none, required and a named function, each a round trip; streamed "
-        "tool calls reassembled; Responses: create, stream, a function_call round trip",
+        "chat: tool_choice auto, none, required and a named function, each a round trip; parallel "
+        "calls; streamed tool calls reassembled; Responses: create, stream, a function_call round "
+        "trip, a streamed call; chat.completions.parse (pydantic_function_tool, response_format), "
+        "responses.parse",
     ),
     Client(
         "anthropic",
         ("anthropic",),
         "anthropic",
-        "messages.create, messages.stream + get_final_message, a tool_use round trip "
-        "(tool_result fed back), a streamed tool_use, count_tokens",
+        "messages.create (system blocks with cache_control, metadata, stop_sequences), "
+        "messages.stream + get_final_message, tool_use round trips with tool_choice any and auto "
+        "(tool_result fed back), a streamed tool_use round trip, count_tokens",
     ),
     Client(
         "langchain-openai",
         ("langchain-openai",),
         "langchain-openai",
         "ChatOpenAI.bind_tools with tool_choice required and by name: invoke, run the tool, "
-        "a ToolMessage back, final invoke; a streamed tool call",
+        "a ToolMessage back, final invoke; a streamed tool call; the round trip with "
+        "use_responses_api; with_structured_output (json_schema, function_calling)",
     ),
     Client(
         "pydantic-ai",
         ("pydantic-ai-slim[openai]",),
         "pydantic-ai-slim",
-        "Agent with a tool over OpenAIChatModel + OpenAIProvider, run to completion; "
-        "output_type a pydantic model (default tool output mode)",
+        "Agent with a tool on OpenAIChatModel + OpenAICompatibleProvider, run to completion; "
+        "output_type a pydantic model (the default tool output), a nested one, after a tool; "
+        "run_stream_sync with text and with a structured output",
     ),
     Client(
         "instructor",
         ("instructor",),
         "instructor",
         "from_openai, default TOOLS mode: chat.completions.create(response_model=...) "
-        "returns a validated pydantic object; a nested model",
+        "returns a validated pydantic object; a nested model; create_with_completion; "
+        "create_partial (streamed); async",
     ),
     Client(
         "openai-agents",
         ("openai-agents",),
         "openai-agents",
-        "Agent with a @function_tool on OpenAIResponsesModel, Runner.run_sync: "
-        "tool_choice required then reset, run to a final output; stop_on_first_tool; streamed run",
+        "Agent with a @function_tool on the default client (Responses) and OpenAIResponsesModel, "
+        "Runner.run_sync: tool_choice required then reset, run to a final output; "
+        "stop_on_first_tool; Runner.run_streamed; OpenAIChatCompletionsModel; output_type a "
+        "pydantic model",
     ),
 )
 
@@ -162,10 +170,12 @@ class Recorder:
         self.path: Path | None = None
         self.step = ""
 
-    def start(self, path: Path) -> None:
+    def start(self, path: Path | None) -> None:
+        """Record into ``path`` from now on (emptied first); None records nothing."""
         with self.lock:
             self.path, self.step = path, ""
-            path.write_text("")
+            if path is not None:
+                path.write_text("")
 
     def write(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -288,15 +298,46 @@ def get_json(port: int, path: str) -> Any:
         conn.close()
 
 
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def served_source(ref: str | None) -> tuple[dict[str, str], str]:
+    """The server's environment and a line saying which code it runs: the work tree, or
+    with ``ref`` a snapshot of that commit's packages (``git archive``) first on its
+    ``PYTHONPATH``, which wins over the venv's editable install of the work tree."""
+    env = dict(os.environ)
+    if ref is None:
+        dirty = git("status", "--porcelain", "--", "actors", "strategies", "telemetry")
+        note = " with uncommitted changes in actors/" if dirty else ""
+        return env, f"the work tree at commit {git('rev-parse', '--short', 'HEAD')}{note}"
+    commit = git("rev-parse", "--short", f"{ref}^{{commit}}")
+    if not commit:
+        sys.exit(f"no commit {ref!r}")
+    source = WORK / "server-src"
+    shutil.rmtree(source, ignore_errors=True)
+    source.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", commit, "actors", "strategies", "telemetry"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+    env["PYTHONPATH"] = os.pathsep.join(part for part in (str(source), env.get("PYTHONPATH", "")) if part)
+    return env, f"commit {commit} (a snapshot of its packages, not the work tree)"
+
+
 class Server:
     """One ``llama-cpp-actors serve``, its log in ``WORK/server.log``."""
 
-    def __init__(self) -> None:
+    def __init__(self, ref: str | None) -> None:
         self.port = free_port()
         self.log_path = WORK / "server.log"
         self.command = [str(SERVE), "serve", *SERVE_FLAGS, "--port", str(self.port)]
+        env, self.source = served_source(ref)
         self.log = open(self.log_path, "w")  # noqa: SIM115 (open while the server runs; stop() closes it)
-        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -353,6 +394,7 @@ class Outcome:
     run_s: float = 0.0
     steps: list[Step] = field(default_factory=list)
     problem: str = ""  # a failure outside any step: install, crash, timeout
+    reused: bool = False  # the venv of an earlier run (--reuse)
     exchanges: list[dict[str, Any]] = field(default_factory=list)
     server_errors: str = ""
 
@@ -361,31 +403,33 @@ class Outcome:
         return not self.problem and bool(self.steps) and all(step.ok for step in self.steps)
 
 
-def setup(client: Client, reuse: bool) -> tuple[str, str]:
-    """The client's venv, made afresh unless ``reuse`` and it exists; (version, problem)."""
+def setup(client: Client, reuse: bool) -> tuple[str, str, bool]:
+    """The client's venv, made afresh unless ``reuse`` and it exists; (version, problem,
+    whether it was reused)."""
     python = client.venv / "bin" / "python"
     stamp = client.venv / ".clients-installed"
-    if not (reuse and stamp.exists() and python.exists()):
+    reused = reuse and stamp.exists() and python.exists()
+    if not reused:
         shutil.rmtree(client.venv, ignore_errors=True)
         print(f"[{client.name}] making {client.venv.relative_to(ROOT)}", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(client.venv)], check=True)
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade"]
         installed = subprocess.run([*pip, *client.requirements], capture_output=True, text=True)
         if installed.returncode != 0:
-            return "?", f"pip install failed: {installed.stderr.strip().splitlines()[-1:]}"
+            return "?", f"pip install failed: {installed.stderr.strip().splitlines()[-1:]}", False
         stamp.write_text(" ".join(client.requirements))
     version = subprocess.run(
         [str(python), "-c", f"import importlib.metadata as m; print(m.version({client.distribution!r}))"],
         capture_output=True,
         text=True,
     )
-    return version.stdout.strip() or "?", ""
+    return version.stdout.strip() or "?", "", reused
 
 
 def run_client(client: Client, reuse: bool, server: Server, proxy_port: int, recorder: Recorder) -> Outcome:
     outcome = Outcome(client)
     t0 = time.perf_counter()
-    outcome.version, outcome.problem = setup(client, reuse)
+    outcome.version, outcome.problem, outcome.reused = setup(client, reuse)
     outcome.setup_s = time.perf_counter() - t0
     if outcome.problem:
         return outcome
@@ -400,6 +444,7 @@ def run_client(client: Client, reuse: bool, server: Server, proxy_port: int, rec
         "CLIENT_MODEL": server.model,
         "CLIENT_RESULT": str(result),
         "PYTHONDONTWRITEBYTECODE": "1",
+        "NO_PROXY": "127.0.0.1,localhost",
     }
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
         env.pop(key, None)
@@ -420,7 +465,7 @@ def run_client(client: Client, reuse: bool, server: Server, proxy_port: int, rec
         except subprocess.TimeoutExpired:
             code = None
     outcome.run_s = time.perf_counter() - t0
-    recorder.start(WORK / "between.exchanges.jsonl")
+    recorder.start(None)
     outcome.exchanges = [json.loads(line) for line in exchanges.read_text().splitlines() if line]
     outcome.server_errors = _server_errors(server.log_since(log_offset))
     if result.exists():
@@ -494,14 +539,15 @@ def _exchange(outcome: Outcome, step: Step) -> str:
     )
 
 
-def report(outcomes: list[Outcome], server: str) -> str:
+def report(outcomes: list[Outcome], server: str, source: str) -> str:
     lines = [
         "# Agent clients",
         "",
         f"Measured: {machine()}.",
         "",
         f"Server: `llama-cpp-actors {server}` on the default model (SmolLM2-135M-Instruct Q4_1), "
-        "one for all clients. Each client is the release pip installed into a fresh venv that day; "
+        f"one for all clients, running {source}. Each client is the release pip installed into a "
+        "fresh venv that day; "
         "its script (`bench/clients/check_<name>.py`) makes whole round trips: a question that "
         "needs a tool, the call, the tool's result fed back, a final answer. The model's text is "
         "never checked, only that the client accepted every reply. Produced by "
@@ -519,8 +565,9 @@ def report(outcomes: list[Outcome], server: str) -> str:
             result = f"**fail** ({len(o.steps) - len(failed)} of {len(o.steps)} steps): " + ", ".join(failed)
             if o.problem:
                 result += f"; {_short(o.problem, 100)}"
-        rows.append([o.client.name, o.version, o.client.exercises, result, f"{o.run_s:.0f}"])
-    lines += [markdown_table(["client", "version", "exercised", "result", "wall s"], rows)]
+        install = "reused" if o.reused else f"{o.setup_s:.0f}"
+        rows.append([o.client.name, o.version, o.client.exercises, result, f"{o.run_s:.0f}", install])
+    lines += [markdown_table(["client", "version", "exercised", "result", "wall s", "install s"], rows)]
     lines += [
         "Steps, in order (wall seconds each):",
         "",
@@ -543,6 +590,9 @@ def report(outcomes: list[Outcome], server: str) -> str:
             lines += [f"### {o.client.name}: {step.name}", "", _exchange(o, step), ""]
     for o in problems:
         lines += [f"- **{o.client.name}**: {o.problem}", ""]
+    for o in outcomes:
+        if o.server_errors:
+            lines += [f"Server log while {o.client.name} ran:", "", f"```\n{o.server_errors}\n```", ""]
     return "\n".join(lines)
 
 
@@ -555,6 +605,11 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="keep a client's venv if it exists")
     parser.add_argument("--out", type=Path, help=f"write clients.md here (default {RESULTS})")
     parser.add_argument("--setup-only", action="store_true", help="make the venvs, run nothing")
+    parser.add_argument(
+        "--ref",
+        help="serve this commit's actors/ (a git archive snapshot) instead of the work tree's, "
+        "e.g. HEAD while the work tree has changes in progress",
+    )
     args = parser.parse_args()
     if not SERVE.exists():
         sys.exit(f"{SERVE} is missing: run `make install` first")
@@ -564,11 +619,11 @@ def main() -> None:
         for client in chosen:
             print(f"{client.name}: {setup(client, args.reuse)}", flush=True)
         return
-    server = Server()
+    server = Server(args.ref)
     recorder = Recorder()
     proxy = make_proxy(server.port, recorder)
     proxy_port = int(proxy.server_address[1])
-    print(f"server: {' '.join(server.command[1:])} (model {server.model}); proxy on {proxy_port}", flush=True)
+    print(f"server: {' '.join(server.command[1:])} ({server.model}, {server.source}); proxy {proxy_port}")
     outcomes: list[Outcome] = []
     try:
         for client in chosen:
@@ -585,7 +640,9 @@ def main() -> None:
     if args.only and args.out is None:
         print("(a partial run: no results file written; --out DIR writes one)")
         return
-    path = write_result("clients", report(outcomes, " ".join(SERVE_FLAGS)), args.out or RESULTS)
+    path = write_result(
+        "clients", report(outcomes, " ".join(["serve", *SERVE_FLAGS]), server.source), args.out or RESULTS
+    )
     print(f"wrote {path}")
     when = datetime.datetime.now().isoformat(timespec="minutes")
     failed = sum(not step.ok for o in outcomes for step in o.steps) + sum(bool(o.problem) for o in outcomes)

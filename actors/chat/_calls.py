@@ -136,12 +136,13 @@ class Words:
     Trailing whitespace is not consumed: what follows the literal reads it.
     """
 
-    __slots__ = ("_at", "_word", "_words")
+    __slots__ = ("_at", "_word", "_words", "failed_at")
 
     def __init__(self, literal: str) -> None:
         self._words = literal.split()
         self._word = 0
         self._at = 0
+        self.failed_at = -1  # where in the last text fed a character did not match
 
     @property
     def done(self) -> bool:
@@ -149,7 +150,7 @@ class Words:
 
     def feed(self, text: str, start: int = 0) -> int:
         """Read ``text`` from ``start``; the offset just past the match, -1 for more
-        text wanted, or -2 when ``text`` does not match."""
+        text wanted, or -2 when ``text`` does not match (at :attr:`failed_at`)."""
         i = start
         while not self.done:
             if i >= len(text):
@@ -160,6 +161,7 @@ class Words:
                 i += 1
                 continue
             if c != word[self._at]:
+                self.failed_at = i
                 return -2
             self._at += 1
             i += 1

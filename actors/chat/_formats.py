@@ -3,36 +3,30 @@
 :func:`detect` reads a template's source and probes it by rendering (once, when the
 model loads): whether it renders a system message, the tools, an assistant's tool
 calls (and whether their arguments as an object), a tool's result, and whether it has
-an ``enable_thinking`` switch. :func:`template_messages` then turns a checked chat into
-the messages the template renders: arguments as the template wants them, and, for what
-it cannot render, the generic format's stand-ins (calls and results as JSON text, the
-tools described in the system message).
+an ``enable_thinking`` switch; the format itself comes from the markers in the source
+(:mod:`actors.chat._families`). :func:`template_messages` then turns a checked chat
+into the messages the template renders: arguments as the template wants them, and,
+for what it cannot render, stand-ins: earlier calls written in the format's own syntax
+(the generic format's JSON when it has none), results as JSON text, and the tools
+described in the system message (with an example call in the format's syntax).
 
-Detection follows the markers each family was trained on (llama.cpp's
-``common/chat.cpp`` detects the same way); a template that names no known markers gets
-the generic format, which any model can follow under its grammar.
+A template of a known family that neither describes tools nor writes calls was not
+made for them: it gets the generic format, which any model can follow under its
+grammar.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from actors.chat._families import FORMATS, syntax_of
 from actors.chat._syntax import Syntax
+from actors.chat._write import write_calls
 
 __all__ = ["FORMATS", "TemplateInfo", "detect", "template_messages", "tools_prompt"]
-
-_THINK = ("<think>", "</think>")
-
-FORMATS: dict[str, Syntax] = {
-    "generic": Syntax("generic", json_reply=True),
-    "hermes": Syntax("hermes", call_open="<tool_call>", call_close="</tool_call>", open_ws="\n"),
-    "llama3": Syntax("llama3", call_open="", args_keys=("parameters", "arguments"), parallel=False),
-    "mistral": Syntax("mistral", call_open="[TOOL_CALLS]", body="array", id_style="alnum9"),
-}
-"""The formats by name (each with thinking markers added where the template thinks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,22 +66,6 @@ def _rendered(render: Render, messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _syntax_of(source: str) -> Syntax:
-    if "<tool_call>" in source and not ("<function=" in source and "<parameter=" in source):
-        syntax = FORMATS["hermes"]
-    elif "[TOOL_CALLS]" in source and "[ARGS]" not in source:
-        syntax = FORMATS["mistral"]
-    elif "<|python_tag|>" in source or ("ipython" in source and '"parameters": ' in source):
-        syntax = FORMATS["llama3"]
-    else:
-        syntax = FORMATS["generic"]
-    if "<think>" in source or "</think>" in source:
-        from dataclasses import replace
-
-        syntax = replace(syntax, think=_THINK)
-    return syntax
-
-
 def detect(source: str, render: Render) -> TemplateInfo:
     """The format and abilities of the template whose text is ``source`` (any thread).
 
@@ -118,11 +96,16 @@ def detect(source: str, render: Render) -> TemplateInfo:
     as_object = _rendered(render, call({"probe_arg": 1}))
     as_text = _rendered(render, call('{"probe_arg": 1}'))
     tool_calls = "probe_call_q7" in as_object or "probe_call_q7" in as_text
-    object_arguments = '"probe_arg": 1' in as_object and "probe_call_q7" in as_object
+    # As an object when the template writes it as JSON, or writes its parameters only
+    # when given an object (GLM and Qwen3-Coder write each key in XML, and refuse text).
+    object_arguments = "probe_call_q7" in as_object and (
+        '"probe_arg": 1' in as_object or ("probe_arg" in as_object and "probe_arg" not in as_text)
+    )
     tool_results = "probe_result_q7" in as_object or "probe_result_q7" in as_text
-    syntax = _syntax_of(source)
-    if not tool_calls and syntax.name != "generic":
-        syntax = FORMATS["generic"] if syntax.think is None else _with_think(FORMATS["generic"])
+    syntax = syntax_of(source, as_object or as_text)
+    if not (tool_calls or tools) and syntax.name != "generic":
+        # Neither describes tools nor writes calls: it was not made for them.
+        syntax = replace(FORMATS["generic"], think=syntax.think)
     return TemplateInfo(
         syntax=syntax,
         system=system,
@@ -134,15 +117,14 @@ def detect(source: str, render: Render) -> TemplateInfo:
     )
 
 
-def _with_think(syntax: Syntax) -> Syntax:
-    from dataclasses import replace
-
-    return replace(syntax, think=_THINK)
-
-
-def tools_prompt(tools: Sequence[Mapping[str, Any]], choice: object) -> str:
-    """The generic format's system text: the tools, and how to answer."""
-    listing = json.dumps([dict(_plain(t)["function"]) for t in tools], ensure_ascii=False, indent=2)
+def tools_prompt(tools: Sequence[Mapping[str, Any]], choice: object, syntax: Syntax | None = None) -> str:
+    """The system text for a template that does not describe tools: the tools, and how
+    to call them (the generic format's JSON, or an example in ``syntax``'s own)."""
+    functions = [dict(_plain(t)["function"]) for t in tools]
+    listing = json.dumps(functions, ensure_ascii=False, indent=2)
+    if syntax is not None and not syntax.json_reply and syntax.has_calls and functions:
+        example = write_calls(syntax, [(functions[0]["name"], _example_arguments(functions[0]))])
+        return f"You can call these tools:\n{listing}\n\nTo call a tool, write the call like this:\n{example}"
     how = (
         'Respond with one JSON object: {"tool_calls": [{"name": <a tool\'s name>, "arguments": <its '
         "arguments>}]} to call tools"
@@ -150,6 +132,11 @@ def tools_prompt(tools: Sequence[Mapping[str, Any]], choice: object) -> str:
     if choice == "auto":
         how += ', or {"response": <your answer>} to answer the user directly'
     return f"You can call these tools:\n{listing}\n\n{how}."
+
+
+def _example_arguments(function: Mapping[str, Any]) -> dict[str, Any]:
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    return {name: "..." for name in properties}
 
 
 def _plain(value: Any) -> Any:
@@ -172,6 +159,12 @@ def template_messages(
     out: list[dict[str, Any]] = []
     for message in messages:
         entry = _plain(message)
+        if info.syntax.body == "channels" and entry.get("reasoning_content"):
+            # GPT-OSS's template reads thinking as "thinking", and a turn with calls
+            # takes one analysis message: the thinking, not the content (as llama.cpp).
+            entry["thinking"] = entry.pop("reasoning_content")
+            if entry.get("tool_calls"):
+                entry.pop("content", None)
         calls = entry.get("tool_calls")
         if calls:
             if info.tool_calls:
@@ -181,12 +174,14 @@ def template_messages(
                         function["arguments"] = json.loads(function["arguments"])
                     call.setdefault("id", "")
             else:
-                written = [
-                    {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
-                    for c in calls
-                ]
-                text = json.dumps({"tool_calls": written}, ensure_ascii=False)
-                entry = {"role": "assistant", "content": (entry["content"] + "\n" + text).lstrip("\n")}
+                # Written as the model would have written them: in the format's own
+                # syntax (the generic format's JSON when it has none).
+                written = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+                text = write_calls(info.syntax, written)
+                entry = {
+                    "role": "assistant",
+                    "content": ((entry.get("content") or "") + "\n" + text).lstrip("\n"),
+                }
         if entry["role"] == "tool" and not info.tool_results:
             result = {
                 "tool_response": {"tool_call_id": entry.get("tool_call_id"), "content": entry["content"]}
@@ -196,7 +191,7 @@ def template_messages(
             entry = {"role": "user", "content": json.dumps(result, ensure_ascii=False)}
         out.append(entry)
     if tools and choice != "none" and not info.tools:
-        prompt = tools_prompt(tools, choice)
+        prompt = tools_prompt(tools, choice, info.syntax)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + prompt}
         else:

@@ -8,7 +8,8 @@ The reader reports, for every value whose path is at most :data:`MAX_DEPTH` deep
 ``("start", path, offset)`` and ``("end", path, offset)`` (offsets into the text fed so
 far, end exclusive), and for string values whose path ``decode`` accepts, their decoded
 characters as ``("chars", path, text)``. A path is the keys and indexes from the root:
-``("tool_calls", 0, "name")``.
+``("tool_calls", 0, "name")``. A ``\\u`` surrogate pair decodes to its one
+character, a lone surrogate to U+FFFD (UTF-8 cannot carry it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r"
 
 
 class JsonError(ValueError):
-    """The text is not JSON (the reader stops at the first character that cannot be)."""
+    """The text is not JSON (the reader stops at the first character that cannot be).
+
+    ``offset`` is that character's offset in all the text fed (for a number or
+    literal that is not one, the character that ended it; the text's end at
+    :meth:`JsonReader.finish`), and ``events`` what the piece completed before it.
+    """
+
+    offset: int = -1
+    events: tuple[tuple[str, Path, object], ...] = ()
 
 
 @dataclass(slots=True)
@@ -57,9 +66,15 @@ class JsonReader:
         self._key_chars: list[str] = []
         self._decoding = False
         self._unicode = ""
+        self._high: int | None = None  # a \\u high surrogate waiting for its low half
         self._scalar: list[str] = []
         self.done = False
         self.consumed = 0
+
+    @property
+    def fed(self) -> int:
+        """How many characters were fed so far."""
+        return self._offset
 
     def _path(self) -> Path:
         return tuple(f.key for f in self._stack)  # type: ignore[misc]
@@ -72,63 +87,107 @@ class JsonReader:
         """
         events: list[tuple[str, Path, object]] = []
         chars: list[str] = []  # decoded characters of the string being read, this feed
-        for i, c in enumerate(text):
-            if self.done:
-                break
-            pos = self._offset + i
-            state = self._state
-            if state == "string":
-                if c == '"':
-                    self._close_string(events, chars, pos)
-                elif c == "\\":
-                    self._state = "escape"
-                elif c < " ":
-                    raise JsonError("a control character inside a JSON string")
-                elif self._is_key:
-                    self._key_chars.append(c)
-                elif self._decoding:
-                    chars.append(c)
-                continue
-            if state == "escape":
-                if c == "u":
-                    self._state, self._unicode = "unicode", ""
-                    continue
-                if c not in _ESCAPES:
-                    raise JsonError(f"a bad escape \\{c} in a JSON string")
-                self._string_char(_ESCAPES[c], chars)
-                self._state = "string"
-                continue
-            if state == "unicode":
-                if c not in "0123456789abcdefABCDEF":
-                    raise JsonError("a bad \\u escape in a JSON string")
-                self._unicode += c
-                if len(self._unicode) == 4:
-                    self._string_char(chr(int(self._unicode, 16)), chars)
-                    self._state = "string"
-                continue
-            if state == "scalar":
-                if c in _SCALAR:
-                    self._scalar.append(c)
-                    continue
-                self._end_value(events, pos)
-                state = self._state  # then this character is read as what follows
-            if c in _WS:
-                continue
-            if state == "value":
-                self._start_value(c, events, pos)
-            else:  # after a key, a value, or a container's opening
-                self._punctuation(c, events, pos)
+        try:
+            self._read(text, events, chars)
+        except JsonError as e:
+            if chars:
+                events.append(("chars", self._path(), "".join(chars)))
+            e.events = tuple(events)
+            raise
         self._offset += len(text)
         if chars:
             events.append(("chars", self._path(), "".join(chars)))
         return events
 
+    def _read(self, text: str, events: list[tuple[str, Path, object]], chars: list[str]) -> None:
+        i = 0
+        try:
+            for i, c in enumerate(text):
+                if self.done:
+                    break
+                pos = self._offset + i
+                state = self._state
+                if state == "string_high":  # a \\u high surrogate waits for its low half
+                    if c == "\\":
+                        self._state = "escape"
+                        continue
+                    self._flush_high(chars)
+                    self._state = state = "string"
+                if state == "string":
+                    if c == '"':
+                        self._close_string(events, chars, pos)
+                    elif c == "\\":
+                        self._state = "escape"
+                    elif c < " ":
+                        raise JsonError("a control character inside a JSON string")
+                    elif self._is_key:
+                        self._key_chars.append(c)
+                    elif self._decoding:
+                        chars.append(c)
+                    continue
+                if state == "escape":
+                    if c == "u":
+                        self._state, self._unicode = "unicode", ""
+                        continue
+                    if c not in _ESCAPES:
+                        raise JsonError(f"a bad escape \\{c} in a JSON string")
+                    self._flush_high(chars)
+                    self._string_char(_ESCAPES[c], chars)
+                    self._state = "string"
+                    continue
+                if state == "unicode":
+                    if c not in "0123456789abcdefABCDEF":
+                        raise JsonError("a bad \\u escape in a JSON string")
+                    self._unicode += c
+                    if len(self._unicode) == 4:
+                        self._unicode_char(int(self._unicode, 16), chars)
+                    continue
+                if state == "scalar":
+                    if c in _SCALAR:
+                        self._scalar.append(c)
+                        continue
+                    self._end_value(events, pos)
+                    state = self._state  # then this character is read as what follows
+                if c in _WS:
+                    continue
+                if state == "value":
+                    self._start_value(c, events, pos)
+                else:  # after a key, a value, or a container's opening
+                    self._punctuation(c, events, pos)
+        except JsonError as e:
+            e.offset = self._offset + i
+            raise
+
     def finish(self) -> list[tuple[str, Path, object]]:
         """The text has ended: a top-level number or literal ends with it."""
         events: list[tuple[str, Path, object]] = []
         if self._state == "scalar" and not self._stack:
-            self._end_value(events, self._offset)
+            try:
+                self._end_value(events, self._offset)
+            except JsonError as e:
+                e.offset = self._offset
+                raise
         return events
+
+    def _unicode_char(self, code: int, chars: list[str]) -> None:
+        """A ``\\uXXXX`` escape: a surrogate pair joins into one character; a lone
+        surrogate (which no UTF-8 text can hold) becomes U+FFFD."""
+        high, self._high = self._high, None
+        self._state = "string"
+        if high is not None and 0xDC00 <= code < 0xE000:
+            self._string_char(chr(0x10000 + ((high - 0xD800) << 10) + (code - 0xDC00)), chars)
+            return
+        if high is not None:
+            self._string_char("\ufffd", chars)
+        if 0xD800 <= code < 0xDC00:
+            self._high, self._state = code, "string_high"
+        else:
+            self._string_char("\ufffd" if 0xDC00 <= code < 0xE000 else chr(code), chars)
+
+    def _flush_high(self, chars: list[str]) -> None:
+        if self._high is not None:
+            self._high = None
+            self._string_char("\ufffd", chars)
 
     def _string_char(self, c: str, chars: list[str]) -> None:
         if self._is_key:

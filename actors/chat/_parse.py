@@ -5,85 +5,32 @@ text at a time, in the engine thread) and returns, for each piece, the content,
 thinking and tool-call deltas it releases. Each character is scanned a bounded number
 of times: no piece re-parses what came before.
 
+The parser reads thinking and content itself and hands each call region (from its
+marker on) to the format's reader: JSON bodies (:mod:`actors.chat._json_region`) or
+tagged calls (:mod:`actors.chat._tagged`); GPT-OSS's channels have a reader of their
+own (:mod:`actors.chat._harmony`).
+
 Text that could still be the start of a marker (``<tool`` before ``_call>``) is held
 back until the next piece tells; at :meth:`ReplyParser.finish` whatever is held is
-released as what it turned out to be. A call region that is not valid JSON (a model
-writing without a grammar) is given back as content, from its marker on, and no
-further calls are looked for.
+released as what it turned out to be. A call region that is not a valid call (a
+model writing without a grammar) is given back as content, from its marker on, and no
+further calls are looked for. Content's pieces join to :attr:`ReplyParser.content`,
+thinking's to :attr:`ReplyParser.reasoning`, and each call's argument fragments to its
+:class:`~actors.contract.ToolCall`'s ``arguments``, the JSON text of an object.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
-import string
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
-from actors.chat._json_stream import JsonError, JsonReader, Path
+from actors.chat._calls import NOTHING, CallLog, Out, Parsed, Region, held_prefix, new_call_id
+from actors.chat._harmony import HarmonyReader
+from actors.chat._json_region import JsonRegion
 from actors.chat._syntax import Syntax
-from actors.contract._results import ToolCall, ToolCallDelta
+from actors.chat._tagged import RawRegion, TaggedRegion
+from actors.contract._results import ToolCall
 
 __all__ = ["Parsed", "ReplyParser", "new_call_id"]
-
-_ALNUM = string.ascii_letters + string.digits
-
-
-def new_call_id(style: str = "call") -> str:
-    """A fresh tool-call id: ``call_`` and 24 letters and digits, or nine of them
-    (``"alnum9"``, what Mistral's templates accept)."""
-    if style == "alnum9":
-        return "".join(secrets.choice(_ALNUM) for _ in range(9))
-    return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
-
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    """What one piece of the reply released."""
-
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: tuple[ToolCallDelta, ...] = ()
-
-
-_NOTHING = Parsed()
-
-
-def _held_prefix(text: str, markers: tuple[str, ...]) -> int:
-    """How many characters at the end of ``text`` could begin one of ``markers``."""
-    longest = 0
-    for marker in markers:
-        for k in range(min(len(text), len(marker) - 1), longest, -1):
-            if marker.startswith(text[-k:]):
-                longest = k
-                break
-    return longest
-
-
-@dataclass(slots=True)
-class _Call:
-    id: str
-    name: str | None = None
-    args_start: int = -1  # offset of the arguments' value in the region, -1 before it
-    args_end: int = -1
-    args_sent: int = 0  # characters of the arguments released so far
-    index: int = -1  # its index in the reply, once announced (its name known)
-
-    @property
-    def announced(self) -> bool:
-        return self.index >= 0
-
-
-@dataclass(slots=True)
-class _Region:
-    """A JSON region being read: a call region, or the generic format's whole reply."""
-
-    reader: JsonReader
-    start: int  # the region's first character, in the reply's text
-    raw: list[str] = field(default_factory=list)
-    calls: dict[Path, _Call] = field(default_factory=dict)
-    marker: str = ""
-    gap: str = ""  # the whitespace before the marker, given back if it is no call
-    response_start: int = -1  # the generic format's answer, when it is not a string
 
 
 class ReplyParser:
@@ -96,76 +43,119 @@ class ReplyParser:
         reasoning: whether to split thinking out (``reasoning_format`` not ``"none"``).
         thinking: whether the prompt left the reply inside a thinking block (the
             template opened it).
+        param_types: each function's parameters' schema types (``{"get_weather":
+            {"city": "string"}}``), which formats that write arguments as XML need to
+            tell a string from JSON (:func:`~actors.chat.param_types`).
     """
 
-    def __init__(self, syntax: Syntax, *, tools: bool, reasoning: bool, thinking: bool = False) -> None:
+    def __init__(
+        self,
+        syntax: Syntax,
+        *,
+        tools: bool,
+        reasoning: bool,
+        thinking: bool = False,
+        param_types: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.syntax = syntax
         self._tools = tools and syntax.has_calls
         self._think = syntax.think if reasoning else None
+        self._types = param_types or {}
         self._mode = "reasoning" if (self._think and thinking) else "start"
+        if self._tools and syntax.json_reply:
+            # The generic format's grammar holds the whole reply to one JSON document,
+            # even where the prompt opened a thinking block: no thinking comes first.
+            self._mode = "start"
         self._held = ""  # text not yet released
         self._pending_ws = ""  # content's trailing whitespace, released only before more content
-        self._text_len = 0  # characters of the reply fed so far
-        self._region: _Region | None = None
-        self._trim = False  # drop the whitespace that opens content after thinking
+        self._region: Region | None = None
+        self._trim = False  # drop the whitespace that opens content after thinking or calls
+        self._thought_started = False  # thinking's first characters (not whitespace) came
+        self._thought_ws = ""  # thinking's trailing whitespace, released only before more
+        self._raw_tail = False  # a broken region: everything else is content
+        self._log = CallLog(syntax.id_style)
+        self._harmony = (
+            HarmonyReader(self._log, tools=self._tools, reasoning=reasoning)
+            if syntax.body == "channels"
+            else None
+        )
         self.content: list[str] = []
         self.reasoning: list[str] = []
-        self.calls: list[ToolCall] = []
-        self._n_announced = 0
-        self._raw_tail = False  # a broken region: everything else is content
-        if self._tools and syntax.json_reply:
-            self._mode = "start"
+        self._openers = self._content_markers()
+
+    def _content_markers(self) -> tuple[str, ...]:
+        """What content is scanned for: call openers, then the markers it drops."""
+        syntax = self.syntax
+        markers = []
+        if self._tools and syntax.call_open:
+            markers.append(syntax.call_open)
+            tagged = syntax.tagged
+            if tagged is not None and tagged.raw is not None:
+                markers.append(tagged.raw[0])
+            if tagged is not None and tagged.bare_open:
+                markers.append(tagged.bare_open)
+        return (*markers, *syntax.drop)
 
     # -- the public face -------------------------------------------------------
 
     def feed(self, text: str) -> Parsed:
         """Read one piece of the reply; what it releases."""
         if not text:
-            return _NOTHING
-        out = _Out()
-        self._step(self._held + text, out, final=False)
-        self._text_len += len(text)
-        return out.parsed(self)
+            return NOTHING
+        out = Out()
+        if self._harmony is not None:
+            self._harmony.feed(text, out)
+        else:
+            self._step(self._held + text, out, final=False)
+        return out.parsed(self.content, self.reasoning)
 
     def finish(self) -> Parsed:
         """The reply ended: release what is held, as what it turned out to be."""
-        out = _Out()
+        out = Out()
+        if self._harmony is not None:
+            self._harmony.finish(out)
+            return out.parsed(self.content, self.reasoning)
         held, self._held = self._held, ""
-        if self._region is not None:
-            self._region_feed("", out, final=True)
         if held:
             self._step(held, out, final=True)
-        if self._region is not None:
-            self._abandon_region(out, complete=False)
-        if self._pending_ws and not self.calls:
+        while self._region is not None:  # each round reads what the last one left
+            rest = self._after_region(self._region.finish(out), out, final=True)
+            if rest:
+                self._step(rest, out, final=True)
+        if self._pending_ws and not self._log.done:
             out.content.append(self._pending_ws)
         self._pending_ws = ""
-        return out.parsed(self)
+        return out.parsed(self.content, self.reasoning)
 
     @property
     def thinking(self) -> bool:
         """Whether the reply is inside its thinking now (what a thinking budget counts)."""
+        if self._harmony is not None:
+            return self._harmony.thinking
         return self._mode == "reasoning" or (
             self._mode == "start" and self._think is not None and bool(self._held)
         )
 
     @property
+    def calls(self) -> list[ToolCall]:
+        """The complete calls read so far (the parser's own list)."""
+        return self._log.done
+
+    @property
     def tool_calls(self) -> tuple[ToolCall, ...]:
         """The complete calls read so far."""
-        return tuple(self.calls)
+        return tuple(self._log.done)
 
     # -- the modes ---------------------------------------------------------------
 
-    def _step(self, buffer: str, out: _Out, *, final: bool) -> None:
+    def _step(self, buffer: str, out: Out, *, final: bool) -> None:
         """Read ``buffer`` (held text and the new piece) from the current mode on."""
         self._held = ""
         while buffer:
-            mode = self._mode
             if self._region is not None:
-                buffer = self._region_feed(buffer, out, final=final)
-                if self._held:
-                    return
+                buffer = self._after_region(self._region.feed(buffer, out), out, final=final)
                 continue
+            mode = self._mode
             if mode == "start":
                 buffer = self._at_start(buffer, out, final)
             elif mode == "reasoning":
@@ -175,71 +165,102 @@ class ReplyParser:
             if self._held:
                 return
 
-    def _at_start(self, buffer: str, out: _Out, final: bool) -> str:
+    def _at_start(self, buffer: str, out: Out, final: bool) -> str:
         stripped = buffer.lstrip()
+        syntax = self.syntax
         if self._think is not None:
             opener = self._think[0]
             if stripped.startswith(opener):
                 self._mode = "reasoning"
-                return stripped[len(opener) :].lstrip()
+                return stripped[len(opener) :]
             if not final and (not stripped or opener.startswith(stripped)):
                 self._held = buffer
                 return ""
-        if self._tools and self.syntax.json_reply:
-            self._mode = "content"
-            self._open_region(out, marker="")
+        self._mode = "content"
+        if not self._tools:
+            if syntax.opened and syntax.tagged is not None and syntax.tagged.content_name:
+                # Functionary v3.2 answers as a message to "all": its recipient is markup.
+                recipient = syntax.tagged.content_name + "\n"
+                if not final and len(stripped) < len(recipient) and recipient.startswith(stripped):
+                    self._mode, self._held = "start", buffer
+                    return ""
+                if stripped.startswith(recipient):
+                    return stripped[len(recipient) :]
             return buffer
-        if self._tools and self.syntax.call_open == "":
+        if syntax.json_reply:
+            self._region = JsonRegion(syntax, self._log)
+            return buffer
+        if syntax.call_open == "":
             # A bare JSON call begins the reply (Llama 3.x): its first character tells.
             if not stripped and not final:
-                self._held = buffer
+                self._mode, self._held = "start", buffer
                 return ""
-            self._mode = "content"
             if stripped.startswith("{") or stripped.startswith("["):
-                self._open_region(out, marker="")
+                self._region = JsonRegion(syntax, self._log)
                 return stripped
-            return buffer
-        self._mode = "content"
+        elif syntax.opened and syntax.tagged is not None and syntax.call_open:
+            # The prompt ended with the opener (Functionary v3.2's ">>>"): the reply is
+            # inside it, unless the model wrote it again.
+            opener = syntax.call_open
+            if not final and len(stripped) < len(opener) and opener.startswith(stripped):
+                self._mode, self._held = "start", buffer
+                return ""
+            marker = opener if stripped.startswith(opener) else ""
+            self._region = TaggedRegion(syntax.tagged, self._log, self._types, marker=marker)
+            return stripped[len(marker) :]
         return buffer
 
-    def _in_reasoning(self, buffer: str, out: _Out, final: bool) -> str:
+    def _in_reasoning(self, buffer: str, out: Out, final: bool) -> str:
         assert self._think is not None
+        if not self._thought_started:
+            # The whitespace that opens thinking is markup (``<think>\n``).
+            buffer = buffer.lstrip()
+            if not buffer:
+                return ""
+            self._thought_started = True
         closer = self._think[1]
         i = buffer.find(closer)
         if i >= 0:
-            if i:
-                out.reasoning.append(buffer[:i])
+            self._thought(buffer[:i], out, closing=True)
             self._mode, self._trim = "content", True
             return buffer[i + len(closer) :]
-        keep = 0 if final else _held_prefix(buffer, (closer,))
-        if len(buffer) > keep:
-            out.reasoning.append(buffer[: len(buffer) - keep])
+        keep = 0 if final else held_prefix(buffer, (closer,))
+        self._thought(buffer[: len(buffer) - keep], out, closing=False)
         self._held = buffer[len(buffer) - keep :]
         return ""
 
-    def _in_content(self, buffer: str, out: _Out, final: bool) -> str:
+    def _thought(self, text: str, out: Out, *, closing: bool) -> None:
+        """Release thinking; its trailing whitespace waits for more (the whitespace
+        before the close marker is markup too)."""
+        body = text.rstrip()
+        if body:
+            out.reasoning.append(self._thought_ws + body)
+            self._thought_ws = ""
+        self._thought_ws = "" if closing else self._thought_ws + text[len(body) :]
+
+    def _in_content(self, buffer: str, out: Out, final: bool) -> str:
         if self._trim:
             buffer = buffer.lstrip()
             if not buffer:
                 return ""
             self._trim = False
-        marker = self.syntax.call_open if (self._tools and not self._raw_tail) else None
-        if marker:
-            i = buffer.find(marker)
-            if i >= 0:
-                gap = self._content(buffer[:i], out, before_call=True)
-                self._open_region(out, marker=marker)
-                assert self._region is not None
-                self._region.gap = gap
-                return buffer[i + len(marker) :]
-            keep = 0 if final else _held_prefix(buffer, (marker,))
-        else:
-            keep = 0
+        markers = self._openers if not self._raw_tail else self.syntax.drop
+        found = [(i, marker) for marker in markers if (i := buffer.find(marker)) >= 0]
+        if found:
+            i, marker = min(found, key=lambda f: (f[0], -len(f[1])))
+            rest = buffer[i + len(marker) :]
+            if marker in self.syntax.drop:
+                self._content(buffer[:i], out)
+                return rest
+            gap = self._content(buffer[:i], out, before_call=True)
+            self._region = self._open_region(marker, gap)
+            return rest
+        keep = 0 if final else held_prefix(buffer, markers)
         self._content(buffer[: len(buffer) - keep], out)
         self._held = buffer[len(buffer) - keep :]
         return ""
 
-    def _content(self, text: str, out: _Out, *, before_call: bool = False) -> str:
+    def _content(self, text: str, out: Out, *, before_call: bool = False) -> str:
         """Release content; before a call, the whitespace next to the call is kept
         aside (returned) instead."""
         body = text.rstrip()
@@ -259,187 +280,29 @@ class ReplyParser:
             self._pending_ws += text
         return ""
 
-    # -- JSON regions ------------------------------------------------------------
+    # -- regions -----------------------------------------------------------------
 
-    def _open_region(self, out: _Out, marker: str) -> None:
+    def _open_region(self, marker: str, gap: str) -> Region:
         syntax = self.syntax
-        wants = ("response",) if syntax.json_reply else ()
-        reader = JsonReader(decode=lambda path: path == wants)
-        self._region = _Region(reader, self._text_len, marker=marker)
+        tagged = syntax.tagged
+        if tagged is None:
+            return JsonRegion(syntax, self._log, marker=marker, gap=gap)
+        if tagged.raw is not None and marker == tagged.raw[0]:
+            return RawRegion(tagged.raw[1], tagged.raw[2], self._log)
+        bare = marker == tagged.bare_open
+        return TaggedRegion(tagged, self._log, self._types, marker=marker, gap=gap, bare=bare)
 
-    def _call_at(self, path: Path) -> bool:
-        """Whether a JSON object at ``path`` (in the region) is a call."""
-        syntax = self.syntax
-        if syntax.json_reply:
-            return (len(path) == 2 and path[0] == "tool_calls" and isinstance(path[1], int)) or path == (
-                "tool_call",
-            )
-        if syntax.body == "array":
-            return len(path) == 1 and isinstance(path[0], int)
-        return path == ()
-
-    def _region_feed(self, buffer: str, out: _Out, *, final: bool) -> str:
-        region = self._region
-        assert region is not None
-        reader = region.reader
-        if reader.done:
-            return self._after_region(buffer, out, final)
-        base = sum(len(r) for r in region.raw)
-        try:
-            events = reader.feed(buffer)
-            if final:
-                events += reader.finish()
-        except JsonError:
-            region.raw.append(buffer)
-            self._abandon_region(out, complete=False)
+    def _after_region(self, step: tuple[str, str], out: Out, *, final: bool) -> str:
+        """Act on a region's answer; the text left to read."""
+        status, text = step
+        if status == "more":
             return ""
-        used = buffer if not reader.done else buffer[: reader.consumed - base]
-        region.raw.append(used)
-        # The region's text is joined only when an event or a streaming argument needs
-        # it: a long generic answer (one string event per piece) never joins it.
-        needs_raw = self._streaming_args(region) or any(kind != "chars" for kind, _, _ in events)
-        raw = "".join(region.raw) if needs_raw else ""
-        for kind, path, value in events:
-            self._on_event(region, kind, path, value, raw, out)
-        self._send_args(region, raw, base + len(used), out)
-        if reader.done:
-            return self._after_region(buffer[len(used) :], out, final)
-        return ""
-
-    @staticmethod
-    def _streaming_args(region: _Region) -> bool:
-        return any(c.args_start >= 0 and c.args_end < 0 and c.announced for c in region.calls.values())
-
-    def _on_event(self, region: _Region, kind: str, path: Path, value: object, raw: str, out: _Out) -> None:
-        syntax = self.syntax
-        if kind == "chars":
-            if syntax.json_reply and path == ("response",):
-                out.content.append(str(value))
-            return
-        assert isinstance(value, int)
-        offset = value
-        if kind == "start":
-            if self._call_at(path) and raw[offset : offset + 1] == "{":
-                region.calls[path] = _Call(new_call_id(syntax.id_style))
-            elif path and path[:-1] in region.calls:
-                call = region.calls[path[:-1]]
-                if path[-1] in syntax.args_keys and call.args_start < 0:
-                    call.args_start = offset
-            elif syntax.json_reply and path == ("response",) and raw[offset : offset + 1] != '"':
-                region.response_start = offset  # an object under response_format: its JSON text
-            return
-        # kind == "end"
-        if path and path[:-1] in region.calls:
-            call = region.calls[path[:-1]]
-            key = path[-1]
-            if key == syntax.name_key and call.name is None:
-                try:
-                    name = json.loads(raw[self._value_start(raw, offset) : offset])
-                except ValueError:
-                    name = None
-                if isinstance(name, str):
-                    call.name = name
-                    self._announce(region, call, out)
-            elif key in syntax.args_keys and call.args_start >= 0 and call.args_end < 0:
-                call.args_end = offset
-        elif path in region.calls:
-            call = region.calls[path]
-            self._complete(region, call, raw, out)
-        elif syntax.json_reply and path == ("response",) and region.response_start >= 0:
-            out.content.append(raw[region.response_start : offset])
-
-    @staticmethod
-    def _value_start(raw: str, end: int) -> int:
-        # A name is a JSON string: its opening quote is the last unescaped one before
-        # the closing one. Names are short; scan back from the end.
-        i = end - 2
-        while i >= 0:
-            if raw[i] == '"':
-                backslashes = 0
-                j = i - 1
-                while j >= 0 and raw[j] == "\\":
-                    backslashes += 1
-                    j -= 1
-                if backslashes % 2 == 0:
-                    return i
-            i -= 1
-        return 0
-
-    def _announce(self, region: _Region, call: _Call, out: _Out) -> None:
-        call.index, self._n_announced = self._n_announced, self._n_announced + 1
-        out.calls.append(ToolCallDelta(call.index, call.id, call.name, ""))
-
-    def _send_args(self, region: _Region, raw: str, length: int, out: _Out) -> None:
-        for call in region.calls.values():
-            if not call.announced or call.args_start < 0:
-                continue
-            end = call.args_end if call.args_end >= 0 else length
-            start = call.args_start + call.args_sent
-            if end > start:
-                out.calls.append(ToolCallDelta(call.index, None, None, raw[start:end]))
-                call.args_sent = end - call.args_start
-
-    def _complete(self, region: _Region, call: _Call, raw: str, out: _Out) -> None:
-        """A call object closed: it is complete if it named a function and its arguments."""
-        if call.name is None or call.args_start < 0 or call.args_end < 0:
-            return
-        self._send_args(region, raw, call.args_end, out)
-        arguments = raw[call.args_start : call.args_end]
-        self.calls.append(ToolCall(call.id, call.name, arguments))
-
-    def _after_region(self, buffer: str, out: _Out, final: bool) -> str:
-        """The region's JSON is complete: expect its closing marker, then go on."""
-        region = self._region
-        assert region is not None
-        closer = self.syntax.call_close
-        if closer:
-            stripped = buffer.lstrip()
-            if stripped.startswith(closer):
-                self._close_region(out)
-                return stripped[len(closer) :]
-            if not final and closer.startswith(stripped):
-                self._held = buffer
-                return ""
-            # No closing marker: the calls stand; what follows is content.
-        self._close_region(out)
-        return buffer
-
-    def _close_region(self, out: _Out) -> None:
         self._region = None
         self._mode = "content"
         self._pending_ws = ""
-        self._trim = True
-
-    def _abandon_region(self, out: _Out, *, complete: bool) -> None:
-        """The region is not a call after all (or was cut off): its text is content."""
-        region = self._region
-        assert region is not None
-        self._region = None
-        announced = [c for c in region.calls.values() if c.announced]
-        finished = [c for c in announced if c.args_end >= 0 and c.name is not None]
-        if announced and len(finished) == len(announced) and self.calls:
-            return  # every call it announced is complete: nothing to give back
-        if not announced:
-            text = region.gap + region.marker + "".join(region.raw)
-            if text.strip():
-                out.content.append(self._pending_ws + text)
-                self._pending_ws = ""
+        if status == "done":
+            self._trim = True
+            return text
+        # Broken: its text is content, read as content is (the markers it drops go).
         self._raw_tail = True
-        self._mode = "content"
-
-
-@dataclass(slots=True)
-class _Out:
-    content: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    calls: list[ToolCallDelta] = field(default_factory=list)
-
-    def parsed(self, parser: ReplyParser) -> Parsed:
-        if not (self.content or self.reasoning or self.calls):
-            return _NOTHING
-        content, reasoning = "".join(self.content), "".join(self.reasoning)
-        if content:
-            parser.content.append(content)
-        if reasoning:
-            parser.reasoning.append(reasoning)
-        return Parsed(content, reasoning, tuple(self.calls))
+        return text

@@ -10,7 +10,7 @@ builds one :class:`~actors.chat.ReplyParser` per choice from a :class:`ReplySpec
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.chat._formats import TemplateInfo
@@ -19,32 +19,53 @@ from actors.chat._parse import ReplyParser
 from actors.chat._syntax import Syntax
 from actors.contract._errors import InvalidRequest
 
-__all__ = ["ReplySpec", "chat_grammar", "template_tools"]
+__all__ = ["ReplySpec", "chat_grammar", "param_types", "template_tools"]
 
 
 @dataclass(frozen=True, slots=True)
 class ReplySpec:
-    """How to read one chat's reply: what :class:`ReplyParser` is built with."""
+    """How to read one chat's reply: what :class:`ReplyParser` is built with.
+
+    ``param_types`` (from :func:`param_types`) tells formats that write arguments as
+    XML (GLM, Qwen3-Coder) a string parameter from a JSON one; without it a value
+    that parses as JSON is JSON.
+    """
 
     syntax: Syntax
     tools: bool
     reasoning: bool
     thinking: bool = False
+    param_types: Mapping[str, Mapping[str, str]] | None = field(default=None, compare=False)
 
     @property
     def markers(self) -> tuple[str, ...]:
         """The marker texts the parser reads (special tokens spelling them must be shown)."""
-        syntax = self.syntax
-        words = [*(syntax.think or ())] if self.reasoning else []
-        if self.tools and syntax.call_open:
-            words.append(syntax.call_open)
-            if syntax.call_close:
-                words.append(syntax.call_close)
-        return tuple(words)
+        return self.syntax.markers(tools=self.tools, reasoning=self.reasoning)
 
     def parser(self) -> ReplyParser:
         """A fresh parser for one reply."""
-        return ReplyParser(self.syntax, tools=self.tools, reasoning=self.reasoning, thinking=self.thinking)
+        return ReplyParser(
+            self.syntax,
+            tools=self.tools,
+            reasoning=self.reasoning,
+            thinking=self.thinking,
+            param_types=self.param_types,
+        )
+
+
+def param_types(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, str]]:
+    """Each function's parameters' schema types (``{"get_weather": {"city": "string"}}``),
+    where a parameter's schema names one type."""
+    types: dict[str, dict[str, str]] = {}
+    for tool in tools or ():
+        function = tool.get("function") or {}
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        types[str(function.get("name"))] = {
+            str(k): v["type"]
+            for k, v in properties.items()
+            if isinstance(v, Mapping) and isinstance(v.get("type"), str)
+        }
+    return types
 
 
 def chat_grammar(

@@ -12,20 +12,24 @@ Three layouts of calls exist:
   Mistral's ``[TOOL_CALLS][...]``, Command R7B's ``<|START_ACTION|>[...]``), or the
   whole reply as one JSON document (the generic format).
 - Tagged calls (``body`` ``"tagged"``, described by a :class:`Tagged`): the name
-  stands outside the arguments, between markers (``<function=NAME>{...}</function>``,
-  DeepSeek's ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}``); the arguments are JSON,
-  or key/value pairs in XML tags (:class:`XmlArgs`, GLM and Qwen3-Coder) that the
-  parser turns into a JSON object.
+  stands outside the arguments, between markers (Functionary's
+  ``<function=NAME>{...}</function>``, DeepSeek's ``tool▁call▁begin`` NAME
+  ``tool▁sep`` ``{...}``, its markers between fullwidth bars); the arguments are a
+  JSON object, or key/value pairs in XML tags (:class:`XmlArgs`, GLM and Qwen3-Coder)
+  that the parser turns into one.
 - Channels (``body`` ``"channels"``): GPT-OSS's harmony messages, each with a header
   that names its channel and recipient (:mod:`actors.chat._harmony`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["Syntax", "Tagged", "XmlArgs"]
+
+_TAGS = re.compile(r"<[^<>\s]+>|\[[^\[\]\s]+\]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +61,14 @@ class Tagged:
     """How a format writes a call whose name stands outside its arguments.
 
     Every text is the template's own rendering, whitespace included (the grammar
-    writes it so); the parser lets whitespace between the words of a text vary.
+    and :func:`~actors.chat.write_calls` write it so); the parser lets whitespace
+    between the words of a text vary.
 
     Attributes:
         open: what starts each call (``"<function="``, ``"[TOOL_CALLS]"``, ``">>>"``).
         section: the markers around a block of calls, or None.
         before_name: the text between ``open`` and the name (DeepSeek R1's
-            ``"function<｜tool▁sep｜>"``, Kimi's ``"functions."``).
+            ``function`` and ``tool▁sep`` marker, Kimi's ``"functions."``).
         index_sep: the text between the name and a call counter (Kimi's ``":"`` in
             ``functions.NAME:0``), or ``""``.
         id_open: the text that starts a call id between the name and ``after_name``
@@ -72,12 +77,18 @@ class Tagged:
         xml: the arguments' XML layout, or None for a JSON object.
         after_args: the text after the arguments (DeepSeek R1's closing fence).
         close: the text that ends a call, or ``""`` when the arguments' end does.
-        between: what the template writes between two calls.
+        between: what the template writes between two calls (a grammar lets any
+            little whitespace stand there when it is not ``""``: templates of one
+            family differ).
         content_name: a recipient whose "call" is content up to the next ``open``
             (Functionary v3.2's ``"all"``), or ``""``.
         raw: ``(marker, tool, key)``: after ``marker`` the rest of the reply is one
             call of ``tool`` with ``{key: <the text>}`` (Functionary v3.1's
             ``<|python_tag|>`` code), unless it is a JSON object (the arguments).
+        bare_open: what the model may write for ``open`` and ``before_name`` when it
+            skips ``open`` (Qwen3-Coder's ``<function=``), or ``""``.
+        name_trigger: ``open`` is plain text that may share a token with the name
+            (``<function=``): a lazy grammar wakes on the opener and a tool's name.
     """
 
     open: str
@@ -92,6 +103,8 @@ class Tagged:
     between: str = ""
     content_name: str = ""
     raw: tuple[str, str, str] | None = None
+    bare_open: str = ""
+    name_trigger: bool = False
 
     @property
     def opener(self) -> str:
@@ -108,7 +121,11 @@ class Tagged:
             texts += [x.key_open, x.key_close, x.value_open, x.value_close]
         if self.raw is not None:
             texts.append(self.raw[0])
-        return tuple(dict.fromkeys(t.strip() for t in texts if t.strip()))
+        texts.append(self.bare_open)
+        # Each text, and the tags in it (DeepSeek R1's "function" and sep marker hold one).
+        pieces = [t.strip() for t in texts if t.strip()]
+        pieces += [p for t in pieces for p in _TAGS.findall(t)]
+        return tuple(dict.fromkeys(pieces))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +151,8 @@ class Syntax:
             (Llama 3.x writes ``parameters``).
         id_key: a key that the grammar makes a call object carry first, a counter
             (Command R7B's ``tool_call_id``), or None.
+        trailing_id: a key a call object may end with, its id in ``id_style``
+            (Mistral Nemo's ``"id"``), or None.
         id_style: ``"call"`` (``call_`` and 24 letters and digits) or ``"alnum9"``
             (nine letters and digits, which Mistral's templates require).
         open_ws: what the grammar writes right after ``call_open`` (the template's own
@@ -157,6 +176,7 @@ class Syntax:
     name_key: str = "name"
     args_keys: tuple[str, ...] = ("arguments",)
     id_key: str | None = None
+    trailing_id: str | None = None
     id_style: Literal["call", "alnum9"] = "call"
     open_ws: str = ""
     parallel: bool = True

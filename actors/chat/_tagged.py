@@ -1,7 +1,7 @@
 """A region of tagged calls: a marker, the function's name, then its arguments.
 
 Functionary's ``<function=NAME>{...}</function>`` and ``>>>NAME\\n{...}``, DeepSeek's
-``<｜tool▁call▁begin｜>...NAME...{...}<｜tool▁call▁end｜>``, Kimi K2's
+calls between its ``tool▁call▁begin`` and ``tool▁call▁end`` markers, Kimi K2's
 ``<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}``, Mistral's
 ``[TOOL_CALLS]NAME[ARGS]{...}``, GLM's and Qwen3-Coder's XML arguments: one reader,
 driven by the format's :class:`~actors.chat._syntax.Tagged` layout.
@@ -38,6 +38,8 @@ class TaggedRegion:
         types: each function's parameters' schema types, for XML arguments.
         marker: the text that opened the region (given back if it is no call).
         gap: the whitespace before the marker (given back likewise).
+        bare: the marker was :attr:`~actors.chat._syntax.Tagged.bare_open`: the
+            name follows it.
     """
 
     def __init__(
@@ -47,14 +49,25 @@ class TaggedRegion:
         types: Mapping[str, Mapping[str, str]],
         marker: str = "",
         gap: str = "",
+        *,
+        bare: bool = False,
     ) -> None:
         self._t = tagged
         self._log = log
         self._types = types
         self._lead = gap + marker  # given back with the first call
         self._held = ""
+        t = tagged
+        self._literals = {
+            "open": t.open,
+            "before_name": t.before_name,
+            "index_sep": t.index_sep,
+            "after_name": t.after_name,
+            "after_args": t.after_args,
+            "close": t.close,
+        }
         self._steps = self._call_steps(first=True)
-        self._step = 0
+        self._step = self._steps.index("name") if bare else 0
         self._words: Words | None = None
         self._raw: list[str] = []  # the current call's text, given back if it breaks
         self._name: list[str] = []
@@ -86,7 +99,7 @@ class TaggedRegion:
         i = 0
         while True:
             step = self._steps[self._step]
-            literal = self._literal(step)
+            literal = self._literals.get(step)
             if literal is not None:
                 if self._words is None:
                     self._words = Words(literal)
@@ -95,12 +108,12 @@ class TaggedRegion:
                     self._raw.append(text[i:])
                     return ("more", "")
                 if j == -2:
-                    return self._mismatch(text, i)
+                    return self._mismatch(text, i, self._words.failed_at, out)
                 self._raw.append(text[i:j])
                 i, self._words = j, None
                 self._step += 1
                 continue
-            result = getattr(self, "_" + step)(text, i, out)
+            result: int | Step = getattr(self, "_read_" + step)(text, i, out)
             if isinstance(result, int):
                 i = result
                 self._step += 1
@@ -109,32 +122,17 @@ class TaggedRegion:
 
     def finish(self, out: Out) -> Step:
         held, self._held = self._held, ""
-        step = self._steps[self._step]
-        if self._complete:
-            if self._xml is not None and step in ("after_args", "close"):
-                return self._broken(held)  # XML arguments stand only once their call closes
-            self._finish_call()
-            return ("done", held if step == "next" else "")
+        if self._steps[self._step] == "next":
+            self._finish_call(out)
+            return ("done", held)
+        if self._complete and self._index >= 0:
+            self._finish_call(out)
+            return ("done", "")
         return self._broken(held)
 
     # -- the steps -------------------------------------------------------------------
 
-    def _literal(self, step: str) -> str | None:
-        t = self._t
-        literal = {
-            "open": t.open,
-            "before_name": t.before_name,
-            "index_sep": t.index_sep,
-            "after_name": t.after_name,
-            "after_args": t.after_args,
-            "close": t.close,
-        }.get(step)
-        if literal is not None and not literal.strip():
-            self._step_over = True
-            return ""
-        return literal
-
-    def _name(self, text: str, i: int, out: Out) -> int | Step:
+    def _read_name(self, text: str, i: int, out: Out) -> int | Step:
         sep = self._t.index_sep[:1]
         start = i
         if not self._name:
@@ -143,7 +141,8 @@ class TaggedRegion:
         j = start
         while j < len(text) and text[j] in NAME_CHARS and text[j] != sep:
             j += 1
-        self._name.append(text[start:j])
+        if j > start:
+            self._name.append(text[start:j])
         self._raw.append(text[i:j])
         name = "".join(self._name)
         if len(name) > _MAX_NAME:
@@ -156,14 +155,14 @@ class TaggedRegion:
             return ("done", text[j:])  # a message to the user: content follows
         return j
 
-    def _index(self, text: str, i: int, out: Out) -> int | Step:
+    def _read_index(self, text: str, i: int, out: Out) -> int | Step:
         j = i
         while j < len(text) and text[j].isdigit():
             j += 1
         self._raw.append(text[i:j])
         return j if j < len(text) else ("more", "")
 
-    def _id(self, text: str, i: int, out: Out) -> int | Step:
+    def _read_id(self, text: str, i: int, out: Out) -> int | Step:
         opener = self._t.id_open
         rest = text[i:]
         if rest.startswith(opener):
@@ -180,7 +179,7 @@ class TaggedRegion:
             return ("more", "")
         return i  # no id: the arguments' marker follows
 
-    def _args(self, text: str, i: int, out: Out) -> int | Step:
+    def _read_args(self, text: str, i: int, out: Out) -> int | Step:
         if self._t.xml is not None:
             return self._xml_args(text, i, out)
         if self._json is None:
@@ -194,11 +193,11 @@ class TaggedRegion:
             self._json = JsonReader()
             self._announce(out)
         reader = self._json
-        base = sum(map(len, self._args))
+        base = reader.fed
         try:
             reader.feed(text[i:])
-        except JsonError:
-            return self._broken(text[i:])
+        except JsonError as e:
+            return self._broken(text[i:], text[i + e.offset - base :])
         end = len(text) if not reader.done else i + reader.consumed - base
         self._send(text[i:end], out)
         if not reader.done:
@@ -211,21 +210,27 @@ class TaggedRegion:
         if self._xml is None:
             self._xml = XmlArgsReader(self._t.xml, self._types.get("".join(self._name), {}))
         fragments: list[str] = []
+        self._raw.append(text[i:])
         status, rest = self._xml.feed(text[i:], fragments)
         if self._xml.started and self._index < 0:
             self._announce(out)
         for fragment in fragments:
-            self._send(fragment, out)
+            self._send(fragment, out)  # held back until announced, when no key came
         if status == "broken":
-            return self._broken("")
+            return self._broken("", rest)  # what it read is in the call's text already
         if status == "more":
             return ("more", "")
         self._complete = True
-        return len(text) - len(rest)
+        # What follows the arguments may include text the XML reader held from an
+        # earlier piece: read on from its rest, which is the tail of what it was fed.
+        raw = "".join(self._raw)
+        self._raw = [raw[: len(raw) - len(rest)]]
+        self._step += 1
+        return self.feed(rest, out)
 
-    def _next(self, text: str, i: int, out: Out) -> Step:
+    def _read_next(self, text: str, i: int, out: Out) -> Step:
         """After a call: another call, the section's end, or the region's end."""
-        self._finish_call()
+        self._finish_call(out)
         while i < len(text) and text[i].isspace():
             i += 1
         rest = text[i:]
@@ -254,7 +259,10 @@ class TaggedRegion:
         if self._index >= 0:
             self._log.args(self._index, fragment, out)
 
-    def _finish_call(self) -> None:
+    def _finish_call(self, out: Out) -> None:
+        if self._complete and self._index < 0:
+            self._announce(out)  # XML arguments with no parameter: the call closed
+            self._log.args(self._index, "".join(self._args), out)
         if self._complete and self._index >= 0:
             self._log.complete(self._call_id, "".join(self._name), "".join(self._args))
             self._n_done += 1
@@ -262,17 +270,21 @@ class TaggedRegion:
         self._index, self._name, self._args, self._raw = -1, [], [], []
         self._json = self._xml = None
 
-    def _mismatch(self, text: str, i: int) -> Step:
-        """A marker did not follow: after complete JSON arguments the call stands
-        and the rest is content; before them the call is broken."""
-        if self._complete and self._xml is None:
-            self._finish_call()
-            return ("done", text[i:])
-        return self._broken(text[i:])
+    def _mismatch(self, text: str, i: int, at: int, out: Out) -> Step:
+        """A marker did not follow (its text began at ``i``, broke at ``at``): after
+        the arguments of an announced call the call stands and the rest is content;
+        before them the call is broken."""
+        if self._complete and self._index >= 0:
+            self._finish_call(out)
+            return ("done", text[at:])
+        return self._broken(text[i:], text[at:])
 
-    def _broken(self, rest: str) -> Step:
+    def _broken(self, rest: str, tail: str | None = None) -> Step:
+        """Not a call after all: unannounced, the call's text and ``rest`` (the piece's
+        text from the failing step on) are content; announced, its text cannot be
+        taken back, and ``tail`` (from the failing character on) is content."""
         if self._index >= 0:
-            return ("broken", "")  # announced: its text cannot be taken back
+            return ("broken", rest if tail is None else tail)
         lead = self._lead if self._n_done == 0 else ""
         text = lead + "".join(self._raw) + rest
         return ("broken", text if text.strip() else "")
@@ -290,7 +302,7 @@ class RawRegion:
         self._mode = ""  # "" before the first character, "json" or "code"
         self._lead: list[str] = []
         self._json = JsonReader()
-        self._text: list[str] = []
+        self._args: list[str] = []
 
     def feed(self, text: str, out: Out) -> Step:
         if not self._mode:
@@ -305,26 +317,21 @@ class RawRegion:
                 self._mode, text = "code", body.lstrip()
                 self._send(json.dumps({self._key: ""}, ensure_ascii=False)[:-2], out)
         if self._mode == "code":
-            self._text.append(text)
             self._send(json.dumps(text, ensure_ascii=False)[1:-1], out)
             return ("more", "")
+        base = self._json.fed
         try:
             self._json.feed(text)
-        except JsonError:
-            return ("broken", "")
-        used = text if not self._json.done else text[: self._json.consumed - sum(map(len, self._text))]
-        self._text.append(used)
+        except JsonError as e:
+            return ("broken", text[e.offset - base :])  # announced: the rest is content
+        used = text if not self._json.done else text[: self._json.consumed - base]
         self._send(used, out)
         if self._json.done:
             self._log.complete(self._call_id, self._tool, "".join(self._args))
             return ("done", text[len(used) :])
         return ("more", "")
 
-    _args: list[str]
-
     def _send(self, fragment: str, out: Out) -> None:
-        if not hasattr(self, "_args"):
-            self._args = []
         self._args.append(fragment)
         self._log.args(self._index, fragment, out)
 

@@ -87,7 +87,7 @@ class XmlArgsReader:
                 if j == -1:
                     return ("more", "")
                 if j == -2:
-                    return ("broken", "")
+                    return ("broken", text[self._words.failed_at :])
                 i = j
                 if phase == "key_open":
                     self._phase, self._key = "key", []
@@ -109,8 +109,10 @@ class XmlArgsReader:
                 self._key.append(text[i:end])
                 key = "".join(self._key).strip()
                 if not key or len(key) > _MAX_KEY:
-                    return ("broken", "")
-                self._emit(out, ("{" if not self._n_keys else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
+                    return ("broken", text[end:])
+                self._emit(
+                    out, ("{" if not self._n_keys else ", ") + json.dumps(key, ensure_ascii=False) + ": "
+                )
                 self._n_keys += 1
                 self._key = [key]
                 self._phase, self._words = "key_close", Words(xml.key_close)
@@ -151,7 +153,9 @@ class XmlArgsReader:
         if not self._value_mode:
             kind = self._types.get(self._key[0])
             so_far = "".join(self._value)
-            if kind == "string" or (kind is None and so_far.lstrip()[:1] not in _JSON_START and so_far.strip()):
+            if kind == "string" or (
+                kind is None and so_far.lstrip()[:1] not in _JSON_START and so_far.strip()
+            ):
                 self._value_mode = "string"
                 self._emit(out, '"')
             elif so_far.strip():

@@ -71,6 +71,20 @@ with steps.step("create_with_completion"):
     check(isinstance(weather, Weather), f"{weather!r}")
     check(completion.choices[0].message.tool_calls, f"no tool call in {completion}")
 
+with steps.step("create_partial (streamed tool call)"):
+    partials = list(
+        client.chat.completions.create_partial(
+            model=MODEL,
+            response_model=Weather,
+            messages=[{"role": "user", "content": TEXT}],
+            temperature=0,
+            max_tokens=100,
+        )
+    )
+    check(partials and isinstance(partials[-1], Weather), f"{partials!r}")
+    check(partials[-1].city and partials[-1].temperature_c is not None, f"the last partial {partials[-1]!r}")
+    steps.note(f"{len(partials)} partials, the last {partials[-1]!r}")
+
 with steps.step("async response_model"):
 
     async def ask() -> Weather:

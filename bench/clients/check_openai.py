@@ -95,6 +95,32 @@ for label, choice in (
     with steps.step(f"chat tool_choice {label}"):
         chat_round_trip(choice)
 
+with steps.step("chat parallel tool calls"):
+    two = [{"role": "user", "content": "What is the weather in Paris and in London?"}]
+    first = client.chat.completions.create(
+        model=MODEL, messages=two, tools=[CHAT_TOOL], tool_choice="required", parallel_tool_calls=True,
+        temperature=0, max_tokens=150,
+    )  # fmt: skip
+    message = first.choices[0].message
+    check(
+        message.tool_calls and len({call.id for call in message.tool_calls}) == len(message.tool_calls),
+        f"{message}",
+    )
+    steps.note(f"{len(message.tool_calls)} calls: {[call.function.arguments for call in message.tool_calls]}")
+    history = [*two, message.model_dump(exclude_none=True)]
+    for call in message.tool_calls:
+        history.append(
+            {
+                "role": "tool",
+                "tool_call_id": call.id,
+                "content": run_call(call.function.name, call.function.arguments),
+            }
+        )
+    final = client.chat.completions.create(
+        model=MODEL, messages=history, tools=[CHAT_TOOL], tool_choice="none", temperature=0, max_tokens=60
+    )
+    check(final.choices[0].message.content, f"no final answer: {final.choices[0]}")
+
 with steps.step("chat tool_choice none"):
     reply = client.chat.completions.create(
         model=MODEL, messages=ASK, tools=[CHAT_TOOL], tool_choice="none", temperature=0, max_tokens=40

@@ -27,6 +27,13 @@ from agents import (
 )
 from agents.items import ToolCallItem, ToolCallOutputItem
 from openai import AsyncOpenAI
+from pydantic import BaseModel
+
+
+class Report(BaseModel):
+    city: str
+    temperature_c: int
+
 
 set_tracing_disabled(True)
 set_default_openai_client(
@@ -101,5 +108,17 @@ with steps.step("Runner.run_streamed (Responses)"):
 
 with steps.step("Runner.run_sync, OpenAIChatCompletionsModel"):
     check_run(Runner.run_sync(make_agent(OpenAIChatCompletionsModel(MODEL, fresh())), QUESTION, max_turns=4))
+
+with steps.step("output_type a pydantic model (Responses text.format)"):
+    reporter = Agent(
+        name="reporter",
+        instructions="Report the weather.",
+        model=OpenAIResponsesModel(MODEL, fresh()),
+        output_type=Report,
+        model_settings=ModelSettings(temperature=0, max_tokens=120),
+    )
+    reported = Runner.run_sync(reporter, "It is 21 degrees Celsius in Paris.", max_turns=2)
+    check(isinstance(reported.final_output, Report), f"final {reported.final_output!r}")
+    steps.note(f"final output {reported.final_output!r}")
 
 steps.finish()

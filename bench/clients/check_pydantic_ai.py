@@ -106,4 +106,11 @@ with steps.step("streamed run with a tool (run_stream_sync)"):
     check(tool_ran(streamed.all_messages()), "the tool never ran")
     steps.note(f"output: {output!r}")
 
+with steps.step("run_stream_sync with a structured output"):
+    with agent_out.run_stream_sync("It is 21 degrees Celsius in Paris. Report the weather.") as streamed_out:
+        partials = list(streamed_out.stream_output(debounce_by=None))
+        final_out = streamed_out.get_output()
+    check(partials and isinstance(final_out, Weather), f"{partials!r} / {final_out!r}")
+    steps.note(f"{len(partials)} partial outputs, then {final_out!r}")
+
 steps.finish()
