@@ -41,6 +41,7 @@ from actors.chat import (
     ToolGrammar,
     chat_grammar,
     detect,
+    param_types,
     template_messages,
     template_tools,
 )
@@ -420,9 +421,15 @@ class LlamaBackend:
             rendered=rendered,
         )
         tools_on = bool(tools) and choice != "none"
-        if not tools_on and not (reasoning and syntax.think):
+        # GPT-OSS's channels and a reply that opens after Functionary's ">>>" need reading
+        # even without tools: their markers are never content.
+        structured = syntax.body == "channels" or syntax.opened
+        if not tools_on and not (reasoning and syntax.think) and not structured:
             return prompt, None, None
-        return prompt, grammar, ReplySpec(syntax, tools=tools_on, reasoning=reasoning, thinking=thinking)
+        spec = ReplySpec(
+            syntax, tools=tools_on, reasoning=reasoning, thinking=thinking, param_types=param_types(tools)
+        )
+        return prompt, grammar, spec
 
     def tokenize_chat(
         self,

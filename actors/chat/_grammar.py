@@ -22,7 +22,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.chat._grammar_tagged import named_tool_grammar
-from actors.chat._rules import WS, ToolGrammar, literal, parameters_of, pattern, plain, prefixed, think_prefix
+from actors.chat._rules import (
+    WS,
+    ToolGrammar,
+    embedded,
+    literal,
+    parameters_of,
+    pattern,
+    plain,
+    prefixed,
+    think_prefix,
+    with_defs,
+)
 from actors.chat._syntax import Syntax
 
 __all__ = ["ToolGrammar", "call_schema", "tool_grammar"]
@@ -36,7 +47,8 @@ def call_schema(
     A format with an ``id_key`` gets it first, a counter as a string; one with a
     ``trailing_id`` may end with it."""
     alternatives = []
-    for tool in plain(tools):
+    defs: dict[str, Any] = {}
+    for i, tool in enumerate(plain(tools)):
         function = tool["function"]
         if only is not None and function["name"] != only:
             continue
@@ -44,12 +56,13 @@ def call_schema(
         if syntax.id_key is not None:
             properties[syntax.id_key] = {"type": "string", "pattern": "^[0-9]{1,3}$"}
         properties[syntax.name_key] = {"const": function["name"]}
-        properties[syntax.args_keys[0]] = parameters_of(function)
+        properties[syntax.args_keys[0]] = embedded(parameters_of(function), f"tool_{i}", defs)
         required = list(properties)
         if syntax.trailing_id is not None:
             properties[syntax.trailing_id] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
         alternatives.append({"type": "object", "properties": properties, "required": required})
-    return alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    return with_defs(schema, defs)
 
 
 def tool_grammar(
@@ -123,7 +136,10 @@ def tool_grammar(
 def _generic_schema(
     one_call: dict[str, Any], parallel: bool, required: bool, response_schema: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """The generic format's whole reply: the calls, or (under ``"auto"``) the answer."""
+    """The generic format's whole reply: the calls, or (under ``"auto"``) the answer
+    (the ``$defs`` of both at its root)."""
+    one_call = dict(one_call)
+    defs: dict[str, Any] = one_call.pop("$defs", {})
     calls: dict[str, Any] = {"type": "array", "items": one_call, "minItems": 1}
     if not parallel:
         calls["maxItems"] = 1
@@ -133,8 +149,11 @@ def _generic_schema(
         "required": ["tool_calls"],
     }
     if required:
-        return schema
-    answer = plain(response_schema) if response_schema is not None else {"type": "string"}
-    return {
-        "anyOf": [schema, {"type": "object", "properties": {"response": answer}, "required": ["response"]}]
-    }
+        return with_defs(schema, defs)
+    answer = (
+        embedded(plain(response_schema), "response", defs)
+        if response_schema is not None
+        else {"type": "string"}
+    )
+    answered = {"type": "object", "properties": {"response": answer}, "required": ["response"]}
+    return with_defs({"anyOf": [schema, answered]}, defs)

@@ -9,6 +9,8 @@ builds one :class:`~actors.chat.ReplyParser` per choice from a :class:`ReplySpec
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from actors.chat._formats import TemplateInfo
 from actors.chat._grammar import ToolGrammar, tool_grammar
 from actors.chat._parse import ReplyParser
+from actors.chat._rules import WS, literal
 from actors.chat._syntax import Syntax
 from actors.contract._errors import InvalidRequest
 
@@ -93,8 +96,34 @@ def chat_grammar(
             f"json_schema with tools needs the generic format; this model's template writes "
             f"calls as {info.syntax.name!r}, whose answers a grammar cannot constrain alongside"
         )
+    syntax = info.syntax
+    if thinking and choice != "auto" and syntax.think is not None and not syntax.json_reply:
+        # The prompt opened the thinking: the calls are required after it closes. A
+        # grammar that walked the thinking text itself costs tens of ms per token over
+        # a large vocabulary; a lazy one wakes at the close marker and costs nothing
+        # before it (a thinking budget's forced close wakes it too).
+        closer = syntax.think[1]
+        calls = tool_grammar(
+            dataclasses.replace(syntax, think=None),
+            tools,
+            choice,
+            parallel=parallel,
+            convert=convert,
+            response_schema=response_schema,
+        )
+        assert calls is not None and not calls.lazy
+        lines = calls.grammar.splitlines()
+        lines = [
+            f"root ::= {literal(closer)} {WS} {line.split('::=', 1)[1].strip()}"
+            if line.split("::=", 1)[0].strip() == "root"
+            else line
+            for line in lines
+        ]
+        return ToolGrammar(
+            "\n".join(lines), lazy=True, trigger_patterns=(re.escape(closer),), trigger_words=(closer,)
+        )
     return tool_grammar(
-        info.syntax,
+        syntax,
         tools,
         choice,
         parallel=parallel,

@@ -20,6 +20,7 @@ from actors.chat._syntax import Syntax
 __all__ = [
     "WS",
     "ToolGrammar",
+    "embedded",
     "literal",
     "parameters_of",
     "pattern",
@@ -27,6 +28,7 @@ __all__ = [
     "prefixed",
     "text_until",
     "think_prefix",
+    "with_defs",
 ]
 
 WS = "[ \\t\\n]{0,20}"
@@ -103,6 +105,46 @@ def pattern(text: str) -> str:
 def parameters_of(function: Mapping[str, Any]) -> dict[str, Any]:
     """A function's parameters schema (an empty object's when it has none)."""
     return dict(function.get("parameters") or {"type": "object", "properties": {}})
+
+
+def embedded(schema: Mapping[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` made fit to sit anywhere inside a larger schema: when it has local
+    ``$ref``s (pydantic writes nested models as ``#/$defs/...``), it moves into
+    ``defs[key]`` with each ``#...`` ref rebased onto its new place, and a ``$ref`` to it
+    stands in; ``defs`` becomes the larger schema's root ``$defs``."""
+    if not _has_local_ref(schema):
+        return dict(schema)
+    base = f"#/$defs/{key}"
+    defs[key] = _rebased(schema, base)
+    return {"$ref": base}
+
+
+def with_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with ``defs`` as its root ``$defs`` (none: unchanged)."""
+    return {**schema, "$defs": {**schema.get("$defs", {}), **defs}} if defs else schema
+
+
+def _has_local_ref(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        ref = value.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            return True
+        return any(_has_local_ref(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_local_ref(v) for v in value)
+    return False
+
+
+def _rebased(value: Any, base: str) -> Any:
+    if isinstance(value, Mapping):
+        out = {k: _rebased(v, base) for k, v in value.items()}
+        ref = value.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            out["$ref"] = base + ref[1:]
+        return out
+    if isinstance(value, list | tuple):
+        return [_rebased(v, base) for v in value]
+    return value
 
 
 def think_prefix(syntax: Syntax, thinking: bool, rules: list[str]) -> str:

@@ -276,6 +276,8 @@ class _Blocks:
         self.out.append(_sse("content_block_start", {"index": self.index, "content_block": block}))
 
     def stop(self) -> None:
+        if self.open == "thinking":  # Anthropic's clients expect a signature before the stop
+            self.delta({"type": "signature_delta", "signature": ""})
         if self.open is not None:
             self.out.append(_sse("content_block_stop", {"index": self.index}))
             self.open = None
@@ -291,7 +293,7 @@ class _Blocks:
 def _render(event: Token, blocks: _Blocks) -> None:
     if event.reasoning:
         if blocks.open != "thinking":
-            blocks.start("thinking", {"type": "thinking", "thinking": ""})
+            blocks.start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
         blocks.delta({"type": "thinking_delta", "thinking": event.reasoning})
     if event.text:
         if blocks.open != "text":
