@@ -36,6 +36,7 @@ SUPPORTED = (
     "--repeat-penalty", "--presence-penalty", "--frequency-penalty", "--api-key", "--api-key-file",
     "-a", "--alias", "--tags", "--metrics", "--slots", "--no-slots", "--cors-origins", "--cors-methods",
     "--cors-headers", "--cors-credentials", "--no-cors-credentials", "-rea", "--reasoning",
+    "--reasoning-format", "--reasoning-budget", "--reasoning-budget-message",
     "--chat-template-kwargs", "--chat-template", "--chat-template-file", "-v", "--verbose", "--log-verbose",
     "-lv", "--verbosity", "--log-verbosity", "--spec-type", "--spec-draft-n-max", "--spec-draft-model",
     "-md", "--model-draft", "--spec-draft-p-min", "--draft-p-min", "--pooling",
@@ -627,3 +628,23 @@ def test_speculative_decoding_flags(capsys: CapSys) -> None:
             options(*argv, "--spec-draft-p-min", "0.5")
     off = options("--spec-type", "none", "-md", "small.gguf", "--spec-draft-p-min", "0.5")
     assert "draft_p_min" not in off and "draft_model_path" not in off
+
+
+def test_reasoning_format_and_budget_flags_set_the_chat_defaults() -> None:
+    settings = plan(
+        "-c",
+        "64",
+        "--reasoning-format",
+        "none",
+        "--reasoning-budget",
+        "12",
+        "--reasoning-budget-message",
+        "Done.",
+    ).settings
+    assert (settings.reasoning_format, settings.reasoning_budget, settings.reasoning_budget_message) == (
+        "none",
+        12,
+        "Done.",
+    )
+    assert plan("-c", "64", "--reasoning-budget", "-1").settings.reasoning_budget is None
+    assert plan("-c", "64", env={"LLAMA_ARG_THINK": "deepseek"}).settings.reasoning_format == "deepseek"
