@@ -130,10 +130,12 @@ def _scripted_call(loop: int, turn: int) -> tuple[dict[str, Any], dict[str, Any]
 async def _turn(conn: SseConnection, body: dict[str, Any], tool_turn: bool) -> Turn:
     t0 = time.perf_counter()
     ttft = None
-    name, arguments, prompt_tokens, computed = None, "", 0, 0
+    names: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    prompt_tokens, computed = 0, 0
     async for payload in conn.events("/v1/chat/completions", body):
         if payload == b"[DONE]":
-            break
+            continue  # read the body to its end: the connection is kept for the next turn
         chunk = json.loads(payload)
         for choice in chunk.get("choices", []):
             delta = choice.get("delta") or {}
@@ -142,17 +144,18 @@ async def _turn(conn: SseConnection, body: dict[str, Any], tool_turn: bool) -> T
             ):
                 ttft = (time.perf_counter() - t0) * 1000.0
             for call in delta.get("tool_calls") or []:
-                function = call.get("function") or {}
-                name = name or function.get("name")
-                arguments += function.get("arguments") or ""
+                function, index = call.get("function") or {}, int(call.get("index", 0))
+                if function.get("name"):
+                    names[index] = function["name"]
+                arguments[index] = arguments.get(index, "") + (function.get("arguments") or "")
         if chunk.get("usage"):
             prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
         if chunk.get("timings"):
             computed = chunk["timings"].get("prompt_n", 0)
     valid = None
     if tool_turn:
-        try:
-            valid = bool(name) and isinstance(json.loads(arguments), dict)
+        try:  # the first call: named, and its arguments a JSON object
+            valid = bool(names.get(0)) and isinstance(json.loads(arguments.get(0, "")), dict)
         except ValueError:
             valid = False
     return Turn(
@@ -163,7 +166,7 @@ async def _turn(conn: SseConnection, body: dict[str, Any], tool_turn: bool) -> T
 async def _loop(
     port: int, loop: int, tag: str, args: argparse.Namespace, tools: list[dict[str, Any]], run: Run
 ) -> None:
-    conn = SseConnection(port)
+    conn = SseConnection(port, timeout_s=args.timeout)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {
@@ -179,6 +182,7 @@ async def _loop(
                 "messages": messages,
                 "tools": tools,
                 "tool_choice": "required" if tool_turn else "none",
+                "parallel_tool_calls": False,
                 "max_tokens": args.max_tokens,
                 "temperature": 0,
                 "stream": True,
@@ -247,7 +251,8 @@ def main() -> None:
     parser.add_argument("--loops", type=int, default=16, help="agent loops at once (and slots)")
     parser.add_argument("--turns", type=int, default=4, help="tool turns per loop (then one answer)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one turn may take")
     parser.add_argument("--n-ctx", type=int, default=16 * 8192)
     parser.add_argument("--n-threads", type=int, default=2)
     parser.add_argument(
@@ -283,6 +288,8 @@ def main() -> None:
                 f"  valid calls {s['valid']:.0%}  errors {s['errors']:.0f}",
                 flush=True,
             )
+            for error in run.errors[:3]:
+                print(f"  error: {error}", flush=True)
     summaries = {name: _summary(r) for name, r in runs.items() if r}
     header = [
         "server",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from actors.chat._families import FORMATS, syntax_of
+from actors.chat._rules import plain
 from actors.chat._syntax import Syntax
 from actors.chat._write import write_calls
 
@@ -120,7 +121,7 @@ def detect(source: str, render: Render) -> TemplateInfo:
 def tools_prompt(tools: Sequence[Mapping[str, Any]], choice: object, syntax: Syntax | None = None) -> str:
     """The system text for a template that does not describe tools: the tools, and how
     to call them (the generic format's JSON, or an example in ``syntax``'s own)."""
-    functions = [dict(_plain(t)["function"]) for t in tools]
+    functions = [dict(plain(t)["function"]) for t in tools]
     listing = json.dumps(functions, ensure_ascii=False, indent=2)
     if syntax is not None and not syntax.json_reply and syntax.has_calls and functions:
         example = write_calls(syntax, [(functions[0]["name"], _example_arguments(functions[0]))])
@@ -139,14 +140,6 @@ def _example_arguments(function: Mapping[str, Any]) -> dict[str, Any]:
     return {name: "..." for name in properties}
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
 def template_messages(
     messages: Sequence[Mapping[str, Any]],
     info: TemplateInfo,
@@ -158,7 +151,7 @@ def template_messages(
     that cannot describe them, the tools prompt joins the system message."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        entry = _plain(message)
+        entry = plain(message)
         if info.syntax.body == "channels" and entry.get("reasoning_content"):
             # GPT-OSS's template reads thinking as "thinking", and a turn with calls
             # takes one analysis message: the thinking, not the content (as llama.cpp).

@@ -18,7 +18,7 @@ from typing import Any
 from actors.chat._formats import TemplateInfo
 from actors.chat._grammar import ToolGrammar, tool_grammar
 from actors.chat._parse import ReplyParser
-from actors.chat._rules import WS, literal
+from actors.chat._rules import WS, literal, plain
 from actors.chat._syntax import Syntax
 from actors.contract._errors import InvalidRequest
 
@@ -137,12 +137,4 @@ def template_tools(
     tools: Sequence[Mapping[str, Any]] | None, info: TemplateInfo
 ) -> list[dict[str, Any]] | None:
     """The tools as the template renders them (plain), or None when it cannot."""
-    return [_plain(t) for t in tools] if tools and info.tools else None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+    return [plain(t) for t in tools] if tools and info.tools else None
