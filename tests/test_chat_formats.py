@@ -991,6 +991,41 @@ def test_a_marker_prefix_is_held_then_released_at_finish(fmt: str) -> None:
         assert "".join(parser.content) == text and parser.tool_calls == ()
 
 
+@pytest.mark.parametrize("fmt", sorted(f for f, s in FORMATS.items() if s.has_calls))
+def test_an_open_calls_json_arguments_offer_their_closing(fmt: str) -> None:
+    # The engine closes a constrained call near max_tokens with this text: the call is
+    # complete after it. Formats that write arguments as XML or in channels offer none
+    # (their grammar leads the way).
+    syntax = FORMATS[fmt]
+    text = write_calls(syntax, [("python", {"code": "print(1)"})])
+    cut = text.index("print(1") + len("print(1")
+    parser = ReplySpec(syntax, tools=True, reasoning=True, thinking=False).parser()
+    parser.feed(text[:cut])
+    json_args = syntax.body != "channels" and (syntax.tagged is None or syntax.tagged.xml is None)
+    assert parser.in_call or syntax.body == "channels"
+    closing = parser.closing()
+    if not json_args:
+        assert closing is None
+        return
+    assert closing is not None and closing.startswith('"}')
+    parser.feed(closing)
+    parser.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in parser.tool_calls] == [("python", {"code": "print(1"})]
+    assert "".join(parser.content).strip() == ""
+    offered = 0
+    for cut in range(cut, len(text)):  # wherever it is offered, the call is complete after it
+        parser = ReplySpec(syntax, tools=True, reasoning=True, thinking=False).parser()
+        parser.feed(text[:cut])
+        closing = parser.closing()
+        if closing is not None:
+            offered += 1
+            parser.feed(closing)
+            parser.finish()
+            assert [c.name for c in parser.tool_calls] == ["python"], (text[:cut], closing)
+            assert "code" in json.loads(parser.tool_calls[0].arguments)
+    assert offered >= 2
+
+
 BROKEN = {
     "hermes": '<tool_call>\n{"no": "call"}\n</tool_call> after',
     "apriel": "<tool_calls>[1, 2]</tool_calls>",
@@ -1201,6 +1236,52 @@ def test_the_json_reader_joins_surrogate_pairs() -> None:
     reader = JsonReader(decode=lambda path: True)
     events = [e for piece in pieces('"a\\ud83d\\ude00b\\ud83dc\\ude00"', "chars") for e in reader.feed(piece)]
     assert "".join(str(v) for k, _, v in events if k == "chars") == "a\U0001f600b\ufffdc\ufffd"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_json_readers_closing_completes_every_prefix_it_can(seed: int) -> None:
+    # What closes a constrained call near max_tokens: at any cut, the text it offers
+    # must finish the value, or it offers None.
+    rng = random.Random(seed)
+    value = {"a": random_json(rng), "b": [random_json(rng)]}
+    text = json.dumps(value, ensure_ascii=rng.random() < 0.5)
+    offered = 0
+    for cut in range(1, len(text) + 1):
+        reader = JsonReader()
+        reader.feed(text[:cut])
+        closing = reader.closing()
+        if closing is None:
+            continue
+        offered += 1
+        json.loads(text[:cut] + closing)  # parses
+        if reader.done:
+            assert closing == ""
+    assert offered > 0
+
+
+@pytest.mark.parametrize(
+    ("prefix", "closing"),
+    [
+        ('{"code": "print(1', '"}'),
+        ('{"a": {"b": [1, 2', "]}}"),
+        ('{"a": {"b": [', "]}}"),
+        ("{", "}"),
+        ('{"a": 1', "}"),
+        ('{"a": tr', None),  # a literal half written
+        ('{"a": 1.', None),
+        ('{"a": 1,', None),  # a key is due
+        ('{"a', None),
+        ('{"a":', None),  # a value is due
+        ('{"a": "x\\', None),  # an escape half written
+        ('{"a": "x\\u12', None),
+        ("", None),
+        ('{"a": 1}', ""),
+    ],
+)
+def test_the_json_readers_closing_in_each_state(prefix: str, closing: str | None) -> None:
+    reader = JsonReader()
+    reader.feed(prefix)
+    assert reader.closing() == closing
 
 
 @pytest.mark.parametrize(

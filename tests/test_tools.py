@@ -211,6 +211,45 @@ def test_parallel_calls_off_gives_one_call(servers: Callable[[str], Any]) -> Non
         assert len(completion.tool_calls) == 1
 
 
+CODE = {  # a free string, no maxLength: the 135M model writes on and on inside it
+    "type": "function",
+    "function": {
+        "name": "python",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string"}, "lang": {"type": "string"}},
+            "required": ["code", "lang"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("fmt", ["generic", "hermes", "llama3", "mistral"])
+@pytest.mark.parametrize("max_tokens", [40, 80])
+def test_a_constrained_call_near_max_tokens_is_closed_so_it_parses(
+    servers: Callable[[str], Any], fmt: str, max_tokens: int
+) -> None:
+    # Unclosed, the call would end cut off at max_tokens, its arguments not JSON.
+    ask = [{"role": "user", "content": "Write a long Python program that prints the digits of pi."}]
+    for parallel in (False, True):
+        completion = chat(
+            servers(fmt), ask, tools=[CODE], tool_choice="required", parallel_tool_calls=parallel,
+            temp=0, max_tokens=max_tokens,
+        )
+        assert completion.stop_reason == "tool_calls", completion
+        assert completion.generated_tokens <= max_tokens and completion.tool_calls
+        for call in completion.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), CODE["function"]["parameters"])
+    replies: queue.Queue[Any] = queue.Queue()
+    servers(fmt).tell(
+        StreamChat(ask, tools=(CODE,), tool_choice="required", temp=0, max_tokens=max_tokens, reply_to=replies)
+    )
+    *tokens, done = drain(replies)
+    assert isinstance(done, Done) and done.completion.stop_reason == "tool_calls"
+    joined = "".join(d.arguments for e in tokens if isinstance(e, Token) for d in e.tool_calls)
+    assert joined == "".join(c.arguments for c in done.completion.tool_calls)
+
+
 def test_thinking_opened_by_the_template_goes_to_reasoning(model_path: str) -> None:
     # DeepSeek R1's template opens the reply with "<think>\n": the reply is thinking
     # until "</think>"; reasoning_format "none" leaves it in the text.

@@ -10,6 +10,8 @@ text until it reports its end.
 
 from __future__ import annotations
 
+import re
+
 import secrets
 import string
 from dataclasses import dataclass, field
@@ -128,6 +130,11 @@ class Region(Protocol):
         """The reply ended inside the region."""
         ...
 
+    def closing(self) -> str | None:
+        """The shortest text that ends the current call's JSON arguments from here
+        (None: there are none open, or only more of the model's text can end them)."""
+        ...
+
 
 class Words:
     """Matches a literal whose words may be separated by any whitespace (or none),
@@ -136,9 +143,10 @@ class Words:
     Trailing whitespace is not consumed: what follows the literal reads it.
     """
 
-    __slots__ = ("_at", "_word", "_words", "failed_at")
+    __slots__ = ("_at", "_literal", "_word", "_words", "failed_at")
 
     def __init__(self, literal: str) -> None:
+        self._literal = literal
         self._words = literal.split()
         self._word = 0
         self._at = 0
@@ -147,6 +155,16 @@ class Words:
     @property
     def done(self) -> bool:
         return self._word >= len(self._words)
+
+    def rest(self) -> str:
+        """What is left of the literal to write, its own whitespace kept."""
+        if self.done:
+            return ""
+        spans = [m.span() for m in re.finditer(r"\S+", self._literal)]
+        start, _ = spans[self._word]
+        if self._at == 0:  # the word not begun: from the whitespace before it
+            return self._literal[spans[self._word - 1][1] if self._word else 0 :]
+        return self._literal[start + self._at :]
 
     def feed(self, text: str, start: int = 0) -> int:
         """Read ``text`` from ``start``; the offset just past the match, -1 for more

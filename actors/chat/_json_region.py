@@ -121,6 +121,14 @@ class JsonRegion:
             return self._after_value("", final=True)
         return self._broken()
 
+    def closing(self) -> str | None:
+        closer = "" if self._syntax.json_reply else (self._syntax.call_close or "")
+        if not self._reader.done:
+            head = self._reader.closing()
+            return None if head is None else head + closer
+        after = self._after.lstrip()  # the closing marker's start, written so far
+        return closer[len(after) :] if closer and closer.startswith(after) else None
+
     def _read(self, events: list[tuple[str, Path, object]], out: Out) -> None:
         for kind, path, value in events:
             self._on_event(kind, path, value, out)

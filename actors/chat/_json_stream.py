@@ -169,6 +169,29 @@ class JsonReader:
                 raise
         return events
 
+    def closing(self) -> str | None:
+        """The shortest text that completes the value from here (``'"}}'`` inside a
+        string two objects deep; ``""`` once it is done), or None where only more of
+        the value can (a key, or a value after a colon or a comma, is awaited; an
+        escape or a number is half written)."""
+        if self.done:
+            return ""
+        state, text = self._state, ""
+        if state in ("string", "string_high") and not self._is_key:
+            text = '"'
+        elif state == "scalar":
+            try:
+                json.loads("".join(self._scalar))
+            except ValueError:
+                return None
+        elif state == "after" and self._stack:
+            frame = self._stack[-1]
+            if not (frame.expect == "comma" or (frame.empty and frame.expect in ("key", "value"))):
+                return None
+        else:
+            return None
+        return text + "".join("}" if f.container == "{" else "]" for f in reversed(self._stack))
+
     def _unicode_char(self, code: int, chars: list[str]) -> None:
         """A ``\\uXXXX`` escape: a surrogate pair joins into one character; a lone
         surrogate (which no UTF-8 text can hold) becomes U+FFFD."""

@@ -137,6 +137,17 @@ class ReplyParser:
         )
 
     @property
+    def in_call(self) -> bool:
+        """Whether a call region is open (its marker was read, its end not yet)."""
+        return self._region is not None
+
+    def closing(self) -> str | None:
+        """The shortest text that ends the open call's JSON arguments (``'"}}'``), or
+        None: no call is open, its arguments are not JSON, or only more of the
+        model's text can end them (a key awaits its value)."""
+        return self._region.closing() if self._region is not None else None
+
+    @property
     def calls(self) -> list[ToolCall]:
         """The complete calls read so far (the parser's own list)."""
         return self._log.done

@@ -130,6 +130,27 @@ class TaggedRegion:
             return ("done", "")
         return self._broken(held)
 
+    def closing(self) -> str | None:
+        steps, k = self._steps, self._step
+        step = steps[k]
+        if step == "args":
+            reader = self._json
+            head = reader.closing() if reader is not None and not reader.done else None
+        elif step in ("after_args", "close") and self._complete:
+            head = self._words.rest() if self._words is not None else self._literals[step]
+        else:
+            head = "" if step == "next" else None
+        if head is None:
+            return None
+        after = steps[k + 1 :] if step != "next" else ["next"]
+        tail = "".join(self._literals[s] for s in after if s in ("after_args", "close"))
+        if self._t.section is not None:  # the section's end, past what is held of it
+            closer, held = self._t.section[1], self._held.lstrip()
+            if not closer.startswith(held):
+                return None
+            tail += closer[len(held) :]
+        return head + tail
+
     # -- the steps -------------------------------------------------------------------
 
     def _read_name(self, text: str, i: int, out: Out) -> int | Step:
@@ -334,6 +355,9 @@ class RawRegion:
     def _send(self, fragment: str, out: Out) -> None:
         self._args.append(fragment)
         self._log.args(self._index, fragment, out)
+
+    def closing(self) -> str | None:
+        return self._json.closing() if self._mode == "json" and not self._json.done else None
 
     def finish(self, out: Out) -> Step:
         if self._mode == "code":

@@ -18,10 +18,17 @@ from actors.engine._prepare import MAX_GRAMMAR_MS_PER_TOKEN
 from actors.engine._slots import Request, Slot
 from strategies import SlotState
 
-__all__ = ["Sampling"]
+__all__ = ["CLOSE_RESERVE", "Sampling"]
 
 # A grammar over MAX_GRAMMAR_MS_PER_TOKEN for this many tokens in a row fails its request.
 _GRAMMAR_STRIKES = 3
+
+CLOSE_RESERVE = 16
+"""The last tokens of ``max_tokens`` in which a constrained tool call is brought to its
+end (at most half of ``max_tokens``): its open JSON strings, objects and arrays are
+closed where they stand and the turn ends after the call, so that its arguments parse
+and match the schema instead of being cut off. Between calls the reserve also holds
+the longest call so far: the turn ends rather than begin a call it could not finish."""
 
 
 def _log(p: float) -> float:
@@ -43,6 +50,8 @@ class Sampling(Finishing):
             log_softmax, top = self.backend.logprobs(index, message.logprobs or 0)
         ban_eog = message.ignore_eos or len(request.token_ids) < message.min_tokens
         forced = self._forced(request)
+        if forced is None:
+            forced = self._closing(request, ban_eog)
         try:
             token = (
                 forced if forced is not None else self.backend.sample(request.sampler, index, ban_eog=ban_eog)
@@ -101,6 +110,38 @@ class Sampling(Finishing):
         if self.backend.force(request.sampler, token):
             return token
         request.forced.clear()  # the grammar refuses the close: let the model go on
+        return None
+
+    def _closing(self, request: Request, ban_eog: bool) -> int | None:
+        """Within the last :data:`CLOSE_RESERVE` tokens, the token that brings a
+        constrained call to its end, when its grammar takes it: the first token of the
+        longest start of the call's closing text (``'"}}</tool_call>'``, then shorter),
+        or the end of the turn once a call is complete; None: sample as usual (the
+        grammar leads the way through what no suffix can skip, such as a required key)."""
+        reply, sampler, max_tokens = request.reply, request.sampler, request.message.max_tokens
+        if reply is None or not isinstance(sampler, _Chain) or sampler.grammar is None:
+            return None
+        n = len(request.token_ids)
+        if reply.in_call != (request.call_start >= 0):  # a call opened, or ended
+            if request.call_start >= 0:
+                request.call_tokens = max(request.call_tokens, n - request.call_start)
+            request.call_start = n if reply.in_call else -1
+        # Between calls the reserve is wider: no call is begun that could not end.
+        reserve = CLOSE_RESERVE + (0 if reply.in_call else request.call_tokens)
+        if max_tokens - n > min(reserve, max_tokens // 2):
+            return None
+        text = reply.closing() or ""
+        tried: set[int] = set()
+        for end in range(len(text), 0, -1):
+            ids = self.backend.tokenize(text[:end], add_special=False, parse_special=True)
+            if ids and ids[0] not in tried:
+                tried.add(ids[0])
+                if self.backend.force(sampler, ids[0]):
+                    return ids[0]
+        if reply.calls and not ban_eog:
+            for eog in sorted(self.backend.eog_ids):
+                if self.backend.force(sampler, eog):
+                    return eog
         return None
 
     def _progress(self, slot: Slot) -> bool:

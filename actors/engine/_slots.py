@@ -71,6 +71,10 @@ class Request:
     budget: int | None = None
     budget_tokens: tuple[int, ...] = ()
     forced: list[int] = field(default_factory=list)
+    # Tool calls: where the open call began (a token count; -1: none open), and the
+    # most tokens a finished call took (what another call is expected to need).
+    call_start: int = -1
+    call_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     stop_string: str | None = None
     prefix_cache_tokens: int = 0
