@@ -1013,15 +1013,15 @@ def test_an_open_calls_json_arguments_offer_their_closing(fmt: str) -> None:
     assert [(c.name, json.loads(c.arguments)) for c in parser.tool_calls] == [("python", {"code": "print(1"})]
     assert "".join(parser.content).strip() == ""
     offered = 0
-    for cut in range(cut, len(text)):  # wherever it is offered, the call is complete after it
+    for end in range(cut, len(text)):  # wherever it is offered, the call is complete after it
         parser = ReplySpec(syntax, tools=True, reasoning=True, thinking=False).parser()
-        parser.feed(text[:cut])
+        parser.feed(text[:end])
         closing = parser.closing()
         if closing is not None:
             offered += 1
             parser.feed(closing)
             parser.finish()
-            assert [c.name for c in parser.tool_calls] == ["python"], (text[:cut], closing)
+            assert [c.name for c in parser.tool_calls] == ["python"], (text[:end], closing)
             assert "code" in json.loads(parser.tool_calls[0].arguments)
     assert offered >= 2
 

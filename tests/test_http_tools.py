@@ -272,6 +272,91 @@ def test_responses_refuse_stored_state_with_a_400(running: Running) -> None:
     assert reply.status_code == 400 and "previous_response_id" in reply.json()["error"]["message"]
 
 
+# -- hostile bodies and leaving clients, on every chat API ----------------------------
+
+CHAT_APIS = {
+    "/v1/chat/completions": lambda extra: {"messages": ASK, "tools": [OAI_TOOL], **extra},
+    "/v1/messages": lambda extra: {"max_tokens": 40, "messages": ASK, "tools": [CLAUDE_TOOL], **extra},
+    "/v1/responses": lambda extra: {
+        "input": "What is the weather in Paris?",
+        "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMS}],
+        **extra,
+    },
+}
+
+
+def _raw(body: dict[str, Any], *, poison: str) -> bytes:
+    """The body's JSON with a poison only raw JSON can carry put in its place."""
+    return json.dumps(body).replace('"POISON"', poison).encode()
+
+
+@pytest.mark.parametrize("path", list(CHAT_APIS))
+@pytest.mark.parametrize(
+    "poison",
+    ["NaN", "Infinity", "1e999", '"\\ud800"', "[" * 5000 + "]" * 5000, "-0"],
+)
+def test_poisoned_tool_schemas_are_400s_on_every_chat_api(running: Running, path: str, poison: str) -> None:
+    params = {**WEATHER_PARAMS, "properties": {"location": {"type": "string", "maxLength": "POISON"}}}
+    tool: dict[str, Any]
+    if path == "/v1/chat/completions":
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": params}}
+    elif path == "/v1/messages":
+        tool = {"name": "get_weather", "input_schema": params}
+    else:
+        tool = {"type": "function", "name": "get_weather", "parameters": params}
+    body = CHAT_APIS[path]({"tools": [tool], "tool_choice": _required(path)})
+    reply = httpx.post(running.url + path, content=_raw(body, poison=poison), timeout=60)
+    if poison == "-0":  # a valid, if odd, bound: a call with an empty location
+        assert reply.status_code == 200, reply.text
+        return
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"]
+
+
+def _required(path: str) -> Any:
+    return {"type": "any"} if path == "/v1/messages" else "required"
+
+
+# Where each API takes text a person wrote: each gets a lone surrogate in turn.
+TEXT_FIELDS = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "POISON"}]}),
+    (
+        "/v1/chat/completions",
+        {"messages": [*ASK, {"role": "tool", "tool_call_id": "POISON", "content": "r"}]},
+    ),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "POISON"}]}),
+    ("/v1/messages", {"system": "POISON"}),
+    ("/v1/messages", {"stop_sequences": ["POISON"]}),
+    ("/v1/responses", {"input": "POISON"}),
+    ("/v1/responses", {"instructions": "POISON"}),
+]
+
+
+@pytest.mark.parametrize(("path", "extra"), TEXT_FIELDS)
+def test_lone_surrogates_in_chat_bodies_are_400s(running: Running, path: str, extra: dict[str, Any]) -> None:
+    body = CHAT_APIS[path](extra)
+    reply = httpx.post(running.url + path, content=_raw(body, poison='"\\udfff x"'), timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert "lone surrogate" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", list(CHAT_APIS))
+def test_a_client_that_leaves_a_tool_stream_frees_its_slot(running: Running, path: str) -> None:
+    from helpers import wait_until
+    from test_http import idle
+
+    body = CHAT_APIS[path]({"stream": True, "tool_choice": _required(path)})
+    body["max_tokens" if path != "/v1/responses" else "max_output_tokens"] = 2000
+    with httpx.stream("POST", running.url + path, json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()  # held: a dropped iterator closes the connection
+        next(lines)
+        wait_until(lambda: not idle(running), seconds=10)
+    wait_until(lambda: idle(running), seconds=10)
+    after = httpx.post(running.url + path, json=CHAT_APIS[path]({"tool_choice": _required(path)}), timeout=60)
+    assert after.status_code == 200  # and the server serves on
+
+
 # -- thinking, on each API (DeepSeek R1's template opens the reply's thinking) ------------
 
 

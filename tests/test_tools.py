@@ -233,8 +233,13 @@ def test_a_constrained_call_near_max_tokens_is_closed_so_it_parses(
     ask = [{"role": "user", "content": "Write a long Python program that prints the digits of pi."}]
     for parallel in (False, True):
         completion = chat(
-            servers(fmt), ask, tools=[CODE], tool_choice="required", parallel_tool_calls=parallel,
-            temp=0, max_tokens=max_tokens,
+            servers(fmt),
+            ask,
+            tools=[CODE],
+            tool_choice="required",
+            parallel_tool_calls=parallel,
+            temp=0,
+            max_tokens=max_tokens,
         )
         assert completion.stop_reason == "tool_calls", completion
         assert completion.generated_tokens <= max_tokens and completion.tool_calls
@@ -242,7 +247,9 @@ def test_a_constrained_call_near_max_tokens_is_closed_so_it_parses(
             jsonschema.validate(json.loads(call.arguments), CODE["function"]["parameters"])
     replies: queue.Queue[Any] = queue.Queue()
     servers(fmt).tell(
-        StreamChat(ask, tools=(CODE,), tool_choice="required", temp=0, max_tokens=max_tokens, reply_to=replies)
+        StreamChat(
+            ask, tools=(CODE,), tool_choice="required", temp=0, max_tokens=max_tokens, reply_to=replies
+        )
     )
     *tokens, done = drain(replies)
     assert isinstance(done, Done) and done.completion.stop_reason == "tool_calls"

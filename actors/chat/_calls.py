@@ -11,7 +11,6 @@ text until it reports its end.
 from __future__ import annotations
 
 import re
-
 import secrets
 import string
 from dataclasses import dataclass, field
