@@ -8,6 +8,7 @@ tests; the ones that need other settings start their own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -63,16 +64,25 @@ class Running:
         self.thread.join(timeout=30)
         self.sock.close()
 
+    @classmethod
+    @contextlib.contextmanager
+    def ready(cls, settings: HttpSettings, start_engine: Callable[[], Any]) -> Iterator[Running]:
+        """A server up and answering ``/health``, stopped on leaving."""
+        server = cls(settings, start_engine)
+        try:
+            server.wait_ready()
+            yield server
+        finally:
+            server.stop()
+
 
 @pytest.fixture(scope="module")
 def running(model_path: str) -> Iterator[Running]:
-    server = Running(
+    with Running.ready(
         HttpSettings(metrics=True, model_ids=("smol",)),
         lambda: ServerActor.start(model_path=model_path, n_parallel=4, n_ctx=4096, seed=7),
-    )
-    server.wait_ready()
-    yield server
-    server.stop()
+    ) as server:
+        yield server
 
 
 @pytest.fixture

@@ -37,13 +37,11 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def running(model_path: str) -> Iterator[Running]:
-    server = Running(
+    with Running.ready(
         HttpSettings(model_ids=("smol",)),
         lambda: ServerActor.start(model_path=model_path, n_parallel=2, n_ctx=4096, seed=7),
-    )
-    server.wait_ready()
-    yield server
-    server.stop()
+    ) as server:
+        yield server
 
 
 @pytest.fixture
@@ -364,15 +362,13 @@ def test_a_client_that_leaves_a_tool_stream_frees_its_slot(running: Running, pat
 def thinking(model_path: str) -> Iterator[Running]:
     from templates import template
 
-    server = Running(
+    with Running.ready(
         HttpSettings(model_ids=("smol",)),
         lambda: ServerActor.start(
             model_path=model_path, n_parallel=1, n_ctx=4096, chat_template=template("llama-cpp-deepseek-r1")
         ),
-    )
-    server.wait_ready()
-    yield server
-    server.stop()
+    ) as server:
+        yield server
 
 
 SUM = [{"role": "user", "content": "What's the sum of 102 and 7?"}]

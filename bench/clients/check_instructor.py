@@ -9,30 +9,12 @@ import asyncio
 
 import instructor
 import openai
+from _models import People, Person, Weather
 from _support import BASE_URL, MODEL, Steps, check
-from pydantic import BaseModel, Field
 
 client = instructor.from_openai(openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0))
 aclient = instructor.from_openai(openai.AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0))
 TEXT = "It is 21 degrees Celsius and sunny in Paris. Report the weather."
-
-
-class Weather(BaseModel):
-    """A weather report."""
-
-    city: str = Field(description="the city")
-    temperature_c: int = Field(description="the temperature in degrees Celsius")
-
-
-class Person(BaseModel):
-    name: str
-    age: int
-
-
-class People(BaseModel):
-    """Everyone the text names."""
-
-    people: list[Person]
 
 
 steps = Steps()

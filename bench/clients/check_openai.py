@@ -54,23 +54,29 @@ def run_call(name: str, arguments: str) -> str:
     return get_weather(args["location"])
 
 
-def finish_chat(message: Any) -> None:
+def answer_after(history: list[Any], calls: list[tuple[str, str, str]], *, stream: bool = False) -> str:
+    """Run ``calls`` (id, name, arguments), feed their results after ``history`` (which
+    ends with the calling message), and get the text answer (streamed or whole)."""
+    history = [*history]
+    for call_id, name, arguments in calls:
+        history.append({"role": "tool", "tool_call_id": call_id, "content": run_call(name, arguments)})
+    ask: Any = {"model": MODEL, "messages": history, "tools": [CHAT_TOOL], "tool_choice": "none"}
+    if stream:
+        chunks = client.chat.completions.create(**ask, temperature=0, max_tokens=60, stream=True)
+        text = "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
+    else:
+        final = client.chat.completions.create(**ask, temperature=0, max_tokens=60)
+        check(not final.choices[0].message.tool_calls, "tool_choice none, and yet a call")
+        text = final.choices[0].message.content or ""
+    check(text, "no final answer")
+    return text
+
+
+def finish_chat(question: list[Any], message: Any) -> None:
     """Run the calls of ``message``, feed the results back, and get a text answer."""
-    history = [*ASK, message.model_dump(exclude_none=True)]
-    for call in message.tool_calls:
-        history.append(
-            {
-                "role": "tool",
-                "tool_call_id": call.id,
-                "content": run_call(call.function.name, call.function.arguments),
-            }
-        )
-    final = client.chat.completions.create(
-        model=MODEL, messages=history, tools=[CHAT_TOOL], tool_choice="none", temperature=0, max_tokens=60
-    )
-    check(final.choices[0].message.content, f"no final answer: {final.choices[0]}")
-    check(not final.choices[0].message.tool_calls, "tool_choice none, and yet a call")
-    steps.note(f"final answer: {final.choices[0].message.content!r}")
+    calls = [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls]
+    text = answer_after([*question, message.model_dump(exclude_none=True)], calls)
+    steps.note(f"final answer: {text!r}")
 
 
 def chat_round_trip(tool_choice: Any) -> None:
@@ -84,7 +90,7 @@ def chat_round_trip(tool_choice: Any) -> None:
         return
     check(choice.finish_reason == "tool_calls", f"finish_reason {choice.finish_reason!r}")
     check(choice.message.tool_calls, f"no tool_calls: {choice.message}")
-    finish_chat(choice.message)
+    finish_chat(ASK, choice.message)
 
 
 for label, choice in (
@@ -107,19 +113,7 @@ with steps.step("chat parallel tool calls"):
         f"{message}",
     )
     steps.note(f"{len(message.tool_calls)} calls: {[call.function.arguments for call in message.tool_calls]}")
-    history = [*two, message.model_dump(exclude_none=True)]
-    for call in message.tool_calls:
-        history.append(
-            {
-                "role": "tool",
-                "tool_call_id": call.id,
-                "content": run_call(call.function.name, call.function.arguments),
-            }
-        )
-    final = client.chat.completions.create(
-        model=MODEL, messages=history, tools=[CHAT_TOOL], tool_choice="none", temperature=0, max_tokens=60
-    )
-    check(final.choices[0].message.content, f"no final answer: {final.choices[0]}")
+    finish_chat(two, message)
 
 with steps.step("chat tool_choice none"):
     reply = client.chat.completions.create(
@@ -157,23 +151,9 @@ with steps.step("chat streamed tool calls"):
             for call in calls.values()
         ],
     }
-    history = [*ASK, message]
-    for call in calls.values():
-        history.append(
-            {"role": "tool", "tool_call_id": call["id"], "content": run_call(call["name"], call["arguments"])}
-        )
-    text = ""
-    for chunk in client.chat.completions.create(
-        model=MODEL,
-        messages=history,
-        tools=[CHAT_TOOL],
-        tool_choice="none",
-        temperature=0,
-        max_tokens=60,
-        stream=True,
-    ):
-        text += "".join(c.delta.content or "" for c in chunk.choices)
-    check(text, "no streamed final answer")
+    text = answer_after(
+        [*ASK, message], [(c["id"], c["name"], c["arguments"]) for c in calls.values()], stream=True
+    )
     steps.note(f"streamed final answer: {text!r}")
 
 with steps.step("responses create"):

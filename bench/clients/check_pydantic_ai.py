@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from _models import People, Weather
 from _support import BASE_URL, MODEL, QUESTION, Steps, check, get_weather
-from pydantic import BaseModel, Field
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ToolCallPart, ToolReturnPart
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -23,24 +23,6 @@ from pydantic_ai.settings import ModelSettings
 provider = OpenAICompatibleProvider("llama-cpp-actors", base_url=f"{BASE_URL}/v1", api_key="x")
 model = OpenAIChatModel(MODEL, provider=provider)
 BASE_SETTINGS: ModelSettings = {"temperature": 0, "max_tokens": 120}
-
-
-class Weather(BaseModel):
-    """A weather report."""
-
-    city: str = Field(description="the city")
-    temperature_c: int = Field(description="the temperature in degrees Celsius")
-
-
-class Person(BaseModel):
-    name: str
-    age: int
-
-
-class People(BaseModel):
-    """Everyone the text names."""
-
-    people: list[Person]
 
 
 def tool_ran(messages: list[Any]) -> bool:
