@@ -286,6 +286,13 @@ def test_the_table_covers_every_template() -> None:
     assert names == set(DETECTED), "a template was added or removed: give it its expected format"
 
 
+def test_tojson_lists_what_a_filter_leaves_as_a_generator() -> None:
+    # llama.cpp's own R1 template writes `tools | map(attribute='function') | tojson`.
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    prompt = compiled("llama-cpp-deepseek-r1").render([{"role": "user", "content": "hi"}], {}, tools=tools)
+    assert '"name": "get_weather"' in prompt and "<generator" not in prompt
+
+
 @pytest.mark.parametrize("name", sorted(DETECTED))
 def test_detection_finds_each_templates_format(name: str) -> None:
     info = detected(name)

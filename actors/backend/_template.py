@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jinja2
@@ -64,8 +64,22 @@ def _tojson(
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
-    # Transformers' (and llama_cpp's) tojson: no HTML escaping, UTF-8 kept.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    # Transformers' (and llama_cpp's) tojson: no HTML escaping, UTF-8 kept; what a
+    # filter such as ``map`` leaves (a generator) is a list, as in minja and Jinja's JS.
+    return json.dumps(
+        x,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+        default=_listed,
+    )
+
+
+def _listed(x: Any) -> list[Any]:
+    if isinstance(x, Iterator):
+        return list(x)
+    raise TypeError(f"{type(x).__name__} is not JSON serializable")
 
 
 def _strftime_now(fmt: str) -> str:
