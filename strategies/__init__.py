@@ -7,9 +7,10 @@ default ``add_drafts``) spends what the plan leaves on draft tokens.
 
 from __future__ import annotations
 
-from strategies._base import BatchPlan, BatchStrategy, DecodeCost, EmbedBudget, SlotPlan, SlotState, SlotView
+from strategies._base import BatchStrategy
 from strategies._builtin import Adaptive, Balanced, DecodeMaximal, PrefillPriority
 from strategies._drafts import add_drafts
+from strategies._types import BatchPlan, DecodeCost, EmbedBudget, SlotPlan, SlotState, SlotView
 
 __all__ = [
     "Adaptive",

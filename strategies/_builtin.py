@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from strategies._base import BatchPlan, BatchStrategy, SlotPlan, SlotView
+from strategies._base import BatchStrategy
+from strategies._types import BatchPlan, SlotPlan, SlotView
 
 __all__ = ["Adaptive", "Balanced", "DecodeMaximal", "PrefillPriority"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from strategies._base import BatchPlan, DecodeCost, SlotPlan, SlotView
+from strategies._types import BatchPlan, DecodeCost, SlotPlan, SlotView
 
 __all__ = ["add_drafts"]
 

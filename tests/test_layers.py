@@ -80,6 +80,11 @@ VIOLATIONS = [
     ("strategies/_base.py", "from actors.contract import _errors", "strategies import nothing"),
     ("telemetry/logging.py", "import actors.contract", "telemetry imports nothing"),
     ("actors/engine/_sampling.py", "from actors.engine import _admission", "each part imports only"),
+    # The circles that were (each behind TYPE_CHECKING), planted back.
+    ("actors/scale/_handle.py", "from actors.scale import _manager", "no import circles"),
+    ("actors/http/_views.py", "from actors.http import _service", "no import circles"),
+    ("actors/contract/_gbnf_cost.py", "from actors.contract import _gbnf", "no import circles"),
+    ("strategies/_types.py", "from strategies import _base", "no import circles"),
 ]
 
 

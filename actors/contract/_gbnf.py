@@ -189,7 +189,7 @@ class _Parser(_Scanner):
         while pos < self.n:
             pos = self.parse_rule(pos)
         self.validate()
-        _Analysis(self).run()
+        _Analysis(self.rules, self.name_of).run()
 
     def parse_rule(self, pos: int) -> int:
         match = _NAME.match(self.s, pos)

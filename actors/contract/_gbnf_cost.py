@@ -9,12 +9,9 @@ refuses, as ``_Refused``, a grammar over the limits below.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from actors.contract._gbnf_elements import _ALT, _REF, _SATURATE, _TERMINALS, _Refused, _Rule
-
-if TYPE_CHECKING:
-    from actors.contract._gbnf import _Parser
 
 __all__ = [
     "MAX_GRAMMAR_ALTERNATIVES",
@@ -44,9 +41,9 @@ class _Analysis:
     edges, hence also an upper bound on the work of its check).
     """
 
-    def __init__(self, parser: _Parser) -> None:
-        self.p = parser
-        self.rules: list[_Rule] = [r for r in parser.rules if r is not None]
+    def __init__(self, rules: Sequence[_Rule | None], name_of: Callable[[int], str]) -> None:
+        self.name_of = name_of  # a rule's name, by its id
+        self.rules: list[_Rule] = [r for r in rules if r is not None]
         self.alts: list[list[tuple[int, int]]] = []
         for rule in self.rules:
             cuts = [i for i, (kind, _) in enumerate(rule) if kind <= _ALT]  # _END or _ALT
@@ -61,7 +58,7 @@ class _Analysis:
             _, llama_cycle = _post_order(self.left_graph(literal_empty))
             hidden = "" if llama_cycle is not None else " through rules that can match nothing"
             raise _Refused(
-                f"grammar: rule {self.p.name_of(cycle)} is left-recursive{hidden}",
+                f"grammar: rule {self.name_of(cycle)} is left-recursive{hidden}",
                 llama=llama_cycle is not None,
             )
         chain = [0] * len(self.rules)
@@ -75,7 +72,7 @@ class _Analysis:
         if chain[worst] > MAX_GRAMMAR_CHAIN:
             raise _Refused(
                 f"grammar: {chain[worst]} rules begin with one another from rule "
-                f"{self.p.name_of(worst)}, more than {MAX_GRAMMAR_CHAIN}",
+                f"{self.name_of(worst)}, more than {MAX_GRAMMAR_CHAIN}",
                 llama=False,
             )
         if self.init_steps(graph, steps) > MAX_GRAMMAR_INIT_STEPS:
@@ -87,7 +84,7 @@ class _Analysis:
         widest, where = self.widest(fanout, nullable)
         if widest > MAX_GRAMMAR_ALTERNATIVES:
             raise _Refused(
-                f"grammar: rule {self.p.name_of(where)} opens {widest} alternatives at once, more than "
+                f"grammar: rule {self.name_of(where)} opens {widest} alternatives at once, more than "
                 f"{MAX_GRAMMAR_ALTERNATIVES} (each one costs time on every token)",
                 llama=False,
             )

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from starlette.requests import Request
 
@@ -141,6 +141,10 @@ class Service:
         for task in list(self.tasks):
             task.cancel()
 
+    def child(self, settings: HttpSettings, start_engine: Callable[[], Any]) -> Service:
+        """A service for one of the router's models, sharing this one's threads."""
+        return Service(settings, start_engine, parent=self)
+
     async def call(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` in a control thread (GetStats and the like)."""
         return await asyncio.get_running_loop().run_in_executor(self.control, function, *args)
@@ -227,9 +231,10 @@ async def routed(request: Request) -> Service:
         return service
     state = request.scope.setdefault("state", {})  # the gate's scope too: it releases the model
     body = getattr(request.state, "json", None)
-    return await service.views.view(
+    view = await service.views.view(
         body, request.query_params, state, lambda loading: unless_disconnected(request, loading)
     )
+    return cast(Service, view)  # the router's views are children of this service
 
 
 def lower_priority(nice: int) -> None:

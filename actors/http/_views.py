@@ -24,15 +24,39 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import telemetry
 from actors import EngineStopped, GetInfo, GetStats, GetTokenizer, ModelFailedLately, ModelLoadError
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._settings import HttpSettings
 
-if TYPE_CHECKING:
-    from actors.http._service import Service
+_T = TypeVar("_T")
+
+
+class View(Protocol):
+    """What the router needs of a service (``actors.http._service.Service``): its
+    settings, its control threads, and the fields a model's view fills."""
+
+    settings: HttpSettings
+    engine: Any
+    info: dict[str, Any]
+    stats: dict[str, Any]
+    tokenizer: Any
+    ready: bool
+
+    @property
+    def model_path(self) -> str:
+        """The loaded model's file."""
+        ...
+
+    async def call(self, function: Callable[..., _T], *args: Any) -> _T:
+        """Run ``function(*args)`` on a control thread."""
+        ...
+
+    def child(self, settings: HttpSettings, start_engine: Callable[[], Any]) -> View:
+        """A service for one of the router's models, sharing this one's threads."""
+        ...
 
 __all__ = ["RUNNING", "ModelViews", "model_states"]
 
@@ -96,13 +120,13 @@ class ModelViews:
         manager: the ``ModelManager`` the router's engine is.
     """
 
-    def __init__(self, root: Service, manager: Any) -> None:
+    def __init__(self, root: View, manager: Any) -> None:
         self.root = root
         self.manager = manager
         self.settings: Mapping[str, HttpSettings] = dict(root.settings.models)
         self.names = tuple(self.settings)
-        self._views: dict[str, Service] = {}
-        self._loading: dict[str, asyncio.Future[Service]] = {}
+        self._views: dict[str, View] = {}
+        self._loading: dict[str, asyncio.Future[View]] = {}
         self._unloads: dict[str, int] = {}
         self._queue: list[str] = []  # models waiting for room, in arrival order
         # Requests being handled per model, from routing to their last byte: a model
@@ -127,7 +151,7 @@ class ModelViews:
             self._views.pop(name, None)
             self._unloads[name] = self._unloads.get(name, 0) + 1
 
-    def loaded_view(self, name: str) -> Service | None:
+    def loaded_view(self, name: str) -> View | None:
         """The model's view if it is loaded as far as the router knows."""
         return self._views.get(name)
 
@@ -160,8 +184,8 @@ class ModelViews:
         body: object,
         query: Mapping[str, str],
         state: dict[str, Any],
-        unless_gone: Callable[[Awaitable[Service]], Awaitable[Service]],
-    ) -> Service:
+        unless_gone: Callable[[Awaitable[View]], Awaitable[View]],
+    ) -> View:
         """The view of the model a request names (its body's ``model``, or ``?model=``
         for a GET), loaded first when autoload allows (event loop). The request holds
         the model (``state``: its scope's) until :meth:`release`; ``unless_gone`` awaits
@@ -180,7 +204,7 @@ class ModelViews:
             self._active[name] = self._active.get(name, 0) + 1
         return view
 
-    async def _loaded(self, name: str, query: Mapping[str, str]) -> Service:
+    async def _loaded(self, name: str, query: Mapping[str, str]) -> View:
         choice = query.get("autoload")
         autoload = self.root.settings.models_autoload if choice is None else choice in ("true", "1")
         loading = self._loading.get(name)
@@ -194,7 +218,7 @@ class ModelViews:
         finally:
             self._waiting[name] -= 1
 
-    def _done(self, name: str, loading: asyncio.Future[Service]) -> None:
+    def _done(self, name: str, loading: asyncio.Future[View]) -> None:
         self._loading.pop(name, None)
         if not loading.cancelled():
             loading.exception()  # retrieved: its waiters got it, or left (no "never retrieved")
@@ -251,7 +275,7 @@ class ModelViews:
     def _unhold(self, name: str) -> None:
         self._active[name] -= 1
 
-    async def _load(self, name: str, autoload: bool) -> Service:
+    async def _load(self, name: str, autoload: bool) -> View:
         # Busy from now: a queued model must not take its place before its requests hold it.
         self._active[name] = self._active.get(name, 0) + 1
         try:
@@ -259,7 +283,7 @@ class ModelViews:
         finally:
             asyncio.get_running_loop().call_later(_LOAD_HOLD_S, self._unhold, name)
 
-    async def _make(self, name: str, autoload: bool) -> Service:
+    async def _make(self, name: str, autoload: bool) -> View:
         unloads = self._unloads.get(name, 0)
         manager = self.manager
         if autoload:
@@ -281,7 +305,7 @@ class ModelViews:
             if not autoload:  # the manager's autoload is off and the model is not loaded
                 raise HttpError(400, "model is not loaded") from None
             raise from_engine_error(e) from None
-        view = type(self.root)(self.settings[name], lambda: handle, parent=self.root)
+        view = self.root.child(self.settings[name], lambda: handle)
         view.engine, view.info, view.stats, view.tokenizer = handle, dict(info), dict(stats), tokenizer
         view.ready = True
         if self._unloads.get(name, 0) == unloads:  # else it was unloaded meanwhile: not kept

@@ -3,15 +3,23 @@ every request to that model (what ``ModelManager.engine(name)`` returns)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from actors.contract._errors import InvalidRequest
 from actors.contract._messages import Drain
 
-if TYPE_CHECKING:
-    from actors.scale._manager import ModelManager
-
 __all__ = ["ModelHandle"]
+
+
+class ModelManager(Protocol):
+    """What a handle uses of its ``actors.ModelManager``: its routing of one request
+    to one model (its private entry points) and whether it runs."""
+
+    def is_alive(self) -> bool: ...
+
+    def _ask(self, message: Any, name: str | None, block: bool, timeout: float | None) -> Any: ...
+
+    def _tell(self, message: Any, name: str | None) -> None: ...
 
 
 class ModelHandle:
