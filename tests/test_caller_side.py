@@ -40,7 +40,7 @@ from actors import (
     stream,
 )
 from actors.backend._faults import faults
-from actors.contract._messages import _CancelExact
+from actors.contract._messages import CancelExact
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 SLACK_S = 2.0  # what a bound may overshoot by on a loaded 2-core machine
@@ -388,12 +388,12 @@ def test_a_cancel_exact_with_another_message_is_ignored(server: pykka.ActorRef[A
     message = Generate("Run on", max_tokens=30, logit_bias=NO_EOG, request_id="exact")
     future = server.ask(message)
     server.tell(
-        _CancelExact("exact", Generate("Run on", max_tokens=30, logit_bias=NO_EOG, request_id="exact"))
+        CancelExact("exact", Generate("Run on", max_tokens=30, logit_bias=NO_EOG, request_id="exact"))
     )
     assert future.get(timeout=60).stop_reason == "max_tokens"
     own = Generate("Run on", max_tokens=400, logit_bias=NO_EOG, request_id="exact")
     future = server.ask(own)
-    server.tell(_CancelExact("exact", own))
+    server.tell(CancelExact("exact", own))
     assert future.get(timeout=60).stop_reason == "cancelled"
 
 
@@ -440,7 +440,7 @@ def test_pool_an_abandoned_stream_spares_a_newer_request(pool: ServerPool) -> No
     # The caller's own exact cancel does reach the replica through the relayed copy.
     own = Stream("Cancel me", reply_to=q, max_tokens=400, logit_bias=NO_EOG, request_id="reused-p")
     pool.tell(own)
-    pool.tell(_CancelExact("reused-p", own))
+    pool.tell(CancelExact("reused-p", own))
     assert drain(q)[-1].completion.stop_reason == "cancelled"
     wait_until(lambda: pool._sent == {}, 10)
 

@@ -8,8 +8,17 @@ It imports the engine core, the backend and the request contract (and ``strategi
 
 from __future__ import annotations
 
-from actors.actor._estimate import MemoryEstimate, estimate_memory
+from actors.actor._estimate import MemoryEstimate, estimate_memory, estimate_options
+from actors.actor._options import StartOptions, check_options
 from actors.actor._server import ServerActor
 from actors.actor._supervisor import Supervisor
 
-__all__ = ["MemoryEstimate", "ServerActor", "Supervisor", "estimate_memory"]
+__all__ = [
+    "MemoryEstimate",
+    "ServerActor",
+    "StartOptions",
+    "Supervisor",
+    "check_options",
+    "estimate_memory",
+    "estimate_options",
+]

@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.actor._options import StartOptions, check_options
-from actors.backend._gguf import GgufHeader, read_gguf_header
-from actors.backend._model import resolve_model_path
-from actors.contract._errors import ModelLoadError
+from actors.backend import GgufHeader, read_gguf_header, resolve_model_path
+from actors.contract import ModelLoadError
 
 __all__ = ["MemoryEstimate", "estimate_memory", "estimate_options"]
 

@@ -39,12 +39,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from actors.backend._options import BackendOptions, default_n_threads
-from actors.backend._template import check_chat_template
-from actors.contract._checks import _checked_template_kwargs
-from actors.contract._errors import ConfigError, InvalidRequest
-from actors.contract._messages import SamplingParams
-from actors.engine._engine import EngineConfig
+from actors.backend import BackendOptions, check_chat_template, default_n_threads
+from actors.contract import ConfigError, InvalidRequest, SamplingParams, checked_template_kwargs
+from actors.engine import EngineConfig
 from strategies import BatchStrategy, DecodeMaximal
 
 __all__ = [
@@ -211,7 +208,7 @@ def _chat_template_kwargs(value: object) -> Mapping[str, Any]:
     if value is None:
         return MappingProxyType({})
     try:
-        return _checked_template_kwargs(value, "chat_template_kwargs")
+        return checked_template_kwargs(value, "chat_template_kwargs")
     except InvalidRequest as e:
         raise ConfigError(str(e)) from None
 

@@ -19,28 +19,27 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from actors.contract._embed import Embed
-from actors.contract._errors import EngineError
-from actors.contract._messages import (
+from actors.contract import (
     STREAMING,
     Cancel,
+    CancelExact,
     Drain,
+    Embed,
+    EngineError,
     GetInfo,
     GetStats,
     GetTokenizer,
     RequestMessage,
-    _CancelExact,
-    _Submit,
+    Submit,
 )
-from actors.engine._embedding import PreparedEmbed, prepare_embed
-from actors.engine._prepare import Prepared, prepare
+from actors.engine import Prepared, PreparedEmbed, prepare, prepare_embed
 
 if TYPE_CHECKING:
-    from actors.backend._llama import LlamaBackend
+    from actors.backend import LlamaBackend
 
 __all__ = ["EngineRef"]
 
-_CALLER_MESSAGES = (Cancel, _CancelExact, GetStats, GetInfo, GetTokenizer, Drain)
+_CALLER_MESSAGES = (Cancel, CancelExact, GetStats, GetInfo, GetTokenizer, Drain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +63,7 @@ class _Admit:
 
     ``prepared`` is None when the model was not loaded yet (the actor prepares it);
     ``error`` is why preparing failed, delivered by the actor as the request's outcome
-    (a stream's ``Failed``, a future's exception). ``future`` is a pool's ``_Submit``
+    (a stream's ``Failed``, a future's exception). ``future`` is a pool's ``Submit``
     future.
     """
 
@@ -116,7 +115,7 @@ class EngineRef(pykka.ActorRef[Any]):
 
     def _wrap(self, message: Any, *, told: bool) -> Any:
         request: RequestMessage | Embed
-        if isinstance(message, _Submit):
+        if isinstance(message, Submit):
             request, future = message.message, message.future
         elif isinstance(message, RequestMessage | Embed):
             request, future = message, None

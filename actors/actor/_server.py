@@ -25,29 +25,27 @@ import pykka
 import telemetry
 from actors.actor._options import check_options
 from actors.actor._ref import TICK, EngineRef, _Admit, _Told
-from actors.backend._llama import LlamaBackend, exact_attention
-from actors.backend._model import resolve_model_path
-from actors.backend._tokenizer import Tokenizer
-from actors.contract._embed import Embed
-from actors.contract._errors import ConfigError, EngineError, EngineStopped, InvalidRequest
-from actors.contract._gbnf import check_grammar
-from actors.contract._messages import (
+from actors.backend import LlamaBackend, Tokenizer, exact_attention, resolve_model_path
+from actors.contract import (
     STREAMING,
     Cancel,
+    CancelExact,
+    ConfigError,
     Drain,
+    Embed,
+    EngineError,
+    EngineStopped,
+    Failed,
     GetInfo,
     GetStats,
     GetTokenizer,
+    InvalidRequest,
     RequestMessage,
+    Submit,
     SubmitMessage,
-    _CancelExact,
-    _Submit,
+    check_grammar,
 )
-from actors.contract._results import Failed
-from actors.engine._delivery import courier, settle
-from actors.engine._embedding import PreparedEmbed, prepare_embed
-from actors.engine._engine import Engine
-from actors.engine._prepare import prepare
+from actors.engine import Engine, PreparedEmbed, courier, prepare, prepare_embed, settle
 from strategies import BatchStrategy
 
 __all__ = ["ServerActor"]
@@ -386,15 +384,15 @@ class ServerActor(pykka.ThreadingActor):
             answer = self._admit(engine, message)
             self._schedule()
             return answer
-        elif isinstance(message, RequestMessage | Embed | _Submit):  # not through an EngineRef
-            item = message if isinstance(message, _Submit) else None
-            request = message.message if isinstance(message, _Submit) else message
+        elif isinstance(message, RequestMessage | Embed | Submit):  # not through an EngineRef
+            item = message if isinstance(message, Submit) else None
+            request = message.message if isinstance(message, Submit) else message
             answer = self._admit(engine, _Admit(request, None, None, item.future if item else None, False))
             self._schedule()
             return answer
         elif isinstance(message, Cancel):
             engine.cancel(message.request_id)
-        elif isinstance(message, _CancelExact):
+        elif isinstance(message, CancelExact):
             engine.cancel(message.request_id, message.message)
         elif isinstance(message, GetStats):
             return engine.stats()

@@ -25,8 +25,7 @@ import pykka
 
 import telemetry
 from actors.actor._server import ServerActor, crash_reason
-from actors.contract._errors import ConfigError, EngineStopped, RequestTimeout
-from actors.contract._messages import Cancel, Drain, _CancelExact
+from actors.contract import Cancel, CancelExact, ConfigError, Drain, EngineStopped, RequestTimeout
 
 __all__ = ["Supervisor"]
 
@@ -140,7 +139,7 @@ class Supervisor:
             EngineStopped: no actor will come (see :meth:`ref`), or it died meanwhile.
             RequestTimeout: a restart did not finish within ``timeout``.
         """
-        if isinstance(message, Cancel | _CancelExact):
+        if isinstance(message, Cancel | CancelExact):
             ref = self.current()
             if ref is None:
                 return None if block else _resolved(None)
@@ -159,7 +158,7 @@ class Supervisor:
 
     def tell(self, message: Any) -> None:
         """``ActorRef.tell`` to the current actor (caller's thread); a cancel never waits."""
-        if isinstance(message, Cancel | _CancelExact):
+        if isinstance(message, Cancel | CancelExact):
             ref = self.current()
             if ref is not None:
                 ref.tell(message)  # a dead actor has nothing to cancel

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from actors.contract._errors import InvalidRequest
+from actors.contract import InvalidRequest
 
 __all__ = ["chat_tokens", "check_fields", "prefill", "split_special"]
 

@@ -45,10 +45,17 @@ from actors.chat import (
     template_messages,
     template_tools,
 )
-from actors.contract._checks import _template_variables
-from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest, ModelLoadError
-from actors.contract._messages import Chat, SamplingParams, StreamChat
-from actors.contract._schema import grammar_for_schema
+from actors.contract import (
+    Chat,
+    ConfigError,
+    EngineStopped,
+    InvalidRequest,
+    ModelLoadError,
+    SamplingParams,
+    StreamChat,
+    grammar_for_schema,
+    template_variables,
+)
 
 __all__ = ["LlamaBackend", "Triggers", "exact_attention", "llama_cpp_version"]
 
@@ -345,8 +352,8 @@ class LlamaBackend:
         # date find today's, under the server's and the request's own variables.
         now = time.localtime()
         today = {"datetime": time.strftime("%b %d %Y", now), "date_string": time.strftime("%d %b %Y", now)}
-        variables = _template_variables({**today, **self._template_defaults, **(template_kwargs or {})})
-        plain_tools = _template_variables({"tools": tools})["tools"] if tools else None
+        variables = template_variables({**today, **self._template_defaults, **(template_kwargs or {})})
+        plain_tools = template_variables({"tools": tools})["tools"] if tools else None
         try:
             return self._chat.render(
                 messages, variables, add_generation_prompt=add_generation_prompt, tools=plain_tools
@@ -568,7 +575,7 @@ class LlamaBackend:
         logit_bias: dict[int, float] | None,
         history: list[int],
         triggers: Triggers | None = None,
-    ) -> _Greedy | _Chain:
+    ) -> _Greedy | SamplerChain:
         """Build a sampler for one request; raises ``InvalidRequest`` on a bad grammar.
 
         With ``triggers`` the grammar is lazy: it constrains nothing until the reply
@@ -588,7 +595,7 @@ class LlamaBackend:
         greedy = params.temp < GREEDY_TEMP
         if greedy and params.grammar is None and penalties_off:
             return _Greedy(logit_bias)
-        chain = _Chain()
+        chain = SamplerChain()
         try:
             if logit_bias or not penalties_off:
                 filters = chain.filters = _lc.llama_sampler_chain_init(
@@ -686,7 +693,7 @@ class LlamaBackend:
         """A writable numpy view of batch row ``index``'s logits in llama.cpp's buffer."""
         return np.ctypeslib.as_array(_lc.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
 
-    def sample(self, sampler: _Greedy | _Chain, index: int, *, ban_eog: bool = False) -> int:
+    def sample(self, sampler: _Greedy | SamplerChain, index: int, *, ban_eog: bool = False) -> int:
         """Sample (and accept) a token from the logits of batch row ``index``.
 
         ``ban_eog`` makes every end-of-generation token impossible (``min_tokens``,
@@ -730,20 +737,20 @@ class LlamaBackend:
         sampler.accept(token)
         return token
 
-    def force(self, sampler: _Greedy | _Chain, token: int) -> bool:
+    def force(self, sampler: _Greedy | SamplerChain, token: int) -> bool:
         """Take ``token`` as sampled without sampling (a spent thinking budget's close):
         accepted by the sampler's grammar and penalties, if its grammar allows it (one
         it does not allow would abort llama.cpp); False, and nothing accepted, if not."""
         if not 0 <= token < self.n_vocab:
             return False
-        if isinstance(sampler, _Chain) and sampler.grammar is not None:
+        if isinstance(sampler, SamplerChain) and sampler.grammar is not None:
             one, one_array = self._one
             one["id"][0], one["logit"][0], one["p"][0] = token, 0.0, 0.0
             one_array.size, one_array.selected, one_array.sorted = 1, -1, False
             _lc.llama_sampler_apply(sampler.grammar, ctypes.byref(one_array))
             if not one["logit"][0] > -np.inf:
                 return False
-        if isinstance(sampler, _Chain):
+        if isinstance(sampler, SamplerChain):
             sampler.accept(token)
         return True
 
@@ -755,7 +762,9 @@ class LlamaBackend:
         array.size, array.selected, array.sorted = self.n_vocab, -1, False
         return candidates, array
 
-    def _greedy_if_grammatical(self, sampler: _Chain, logits: npt.NDArray[np.float32], ban_eog: bool) -> int:
+    def _greedy_if_grammatical(
+        self, sampler: SamplerChain, logits: npt.NDArray[np.float32], ban_eog: bool
+    ) -> int:
         """Greedy with a grammar, llama.cpp's fast way: the argmax of the unconstrained
         logits, accepted if the grammar allows it (one candidate to check instead of the
         whole vocabulary); -1 when it does not, and the full path must run. The result
@@ -822,7 +831,7 @@ class LlamaBackend:
         return log_softmax, best
 
     def sampled_probs(
-        self, sampler: _Greedy | _Chain, token: int, k: int
+        self, sampler: _Greedy | SamplerChain, token: int, k: int
     ) -> tuple[float, list[tuple[int, float]]]:
         """The probability ``token`` had in the distribution the last :meth:`sample` with
         ``sampler`` drew it from, and that distribution's ``k`` likeliest tokens with a
@@ -844,9 +853,9 @@ class LlamaBackend:
         return (float(chosen[0]) if chosen.size else 0.0), top
 
     @staticmethod
-    def free_sampler(sampler: _Greedy | _Chain) -> None:
+    def free_sampler(sampler: _Greedy | SamplerChain) -> None:
         """Free a sampler made by :meth:`make_sampler`."""
-        if isinstance(sampler, _Chain):
+        if isinstance(sampler, SamplerChain):
             sampler.free()
 
     # -- KV memory ---------------------------------------------------------------
@@ -991,7 +1000,7 @@ class LlamaBackend:
             self._model = None
 
 
-class _Chain:
+class SamplerChain:
     """One request's llama.cpp samplers: the filters (logit bias, penalties), the
     grammar, then the selection (greedy, or top-k, top-p, min-p, temperature and dist)."""
 

@@ -6,7 +6,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from actors.contract._errors import ModelLoadError
+from actors.contract import ModelLoadError
 
 __all__ = ["DEFAULT_MODEL_FILE", "default_model_path", "resolve_model_path"]
 

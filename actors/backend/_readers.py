@@ -10,7 +10,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-from actors.contract._errors import EngineStopped
+from actors.contract import EngineStopped
 
 __all__: list[str] = []
 

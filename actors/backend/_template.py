@@ -26,7 +26,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from actors.contract._errors import ConfigError
+from actors.contract import ConfigError
 
 __all__ = ["ChatTemplate", "check_chat_template"]
 

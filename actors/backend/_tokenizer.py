@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from actors.contract._checks import _checked_tools
-from actors.contract._errors import InvalidRequest
-from actors.contract._messages import Chat
+from actors.contract import Chat, InvalidRequest, checked_template_tools
 
 if TYPE_CHECKING:
     from actors.backend._llama import LlamaBackend
@@ -106,7 +104,7 @@ class Tokenizer:
         if chat is not None:
             return self._backend.render_chat_request(chat)
         chat = Chat(messages, template_kwargs=template_kwargs, add_generation_prompt=add_generation_prompt)
-        checked = _checked_tools(tools) if tools is not None else None
+        checked = checked_template_tools(tools) if tools is not None else None
         return self._backend.render_chat(
             [dict(m) for m in chat.messages],
             chat.template_kwargs,

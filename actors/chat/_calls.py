@@ -16,7 +16,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from actors.contract._results import ToolCall, ToolCallDelta
+from actors.contract import ToolCall, ToolCallDelta
 
 __all__ = [
     "NAME_CHARS",

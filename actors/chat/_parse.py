@@ -28,7 +28,7 @@ from actors.chat._harmony import HarmonyReader
 from actors.chat._json_region import JsonRegion
 from actors.chat._syntax import Syntax
 from actors.chat._tagged import RawRegion, TaggedRegion
-from actors.contract._results import ToolCall
+from actors.contract import ToolCall
 
 __all__ = ["Parsed", "ReplyParser", "new_call_id"]
 

@@ -20,7 +20,7 @@ from actors.chat._grammar import ToolGrammar, tool_grammar
 from actors.chat._parse import ReplyParser
 from actors.chat._rules import WS, literal, plain
 from actors.chat._syntax import Syntax
-from actors.contract._errors import InvalidRequest
+from actors.contract import InvalidRequest
 
 __all__ = ["ReplySpec", "chat_grammar", "param_types", "template_tools"]
 

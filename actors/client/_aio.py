@@ -4,7 +4,7 @@ They run on the caller's event loop and never block it: every request goes to th
 engine as a stream whose ``reply_to`` hands each event to the loop with
 ``loop.call_soon_threadsafe`` (awaiting a pykka future would block the loop; a thread
 per token would be slow). Cancelling the awaiting task cancels the request and frees
-its slot, with a ``_CancelExact`` naming the task's own message (as the blocking
+its slot, with a ``CancelExact`` naming the task's own message (as the blocking
 helpers do).
 
 ``timeout`` bounds the whole await of ``agenerate``/``achat`` (a Supervisor's restart
@@ -22,9 +22,19 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import pykka
 
 from actors.client._helpers import _RESTART_WAIT_S, _Restarting, _tell_cancel
-from actors.contract._errors import EngineStopped, InvalidRequest, RequestTimeout
-from actors.contract._messages import Stream, StreamChat, StreamTokens
-from actors.contract._results import Completion, Done, Failed, Progress, Token
+from actors.contract import (
+    Completion,
+    Done,
+    EngineStopped,
+    Failed,
+    InvalidRequest,
+    Progress,
+    RequestTimeout,
+    Stream,
+    StreamChat,
+    StreamTokens,
+    Token,
+)
 
 if TYPE_CHECKING:
     import asyncio

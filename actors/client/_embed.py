@@ -20,9 +20,7 @@ import pykka
 
 from actors.client._aio import _LIVENESS_POLL_S, _target
 from actors.client._helpers import _complete, _tell_cancel
-from actors.contract._embed import Embed, Embeddings, Pooling
-from actors.contract._errors import EngineStopped, RequestTimeout
-from actors.contract._messages import _Submit
+from actors.contract import Embed, Embeddings, EngineStopped, Pooling, RequestTimeout, Submit
 
 if TYPE_CHECKING:
     import asyncio
@@ -115,7 +113,7 @@ async def aembed_result(ref: Any, message: Embed, timeout: float | None = None) 
     future = _LoopFuture(loop)
     wait = None if deadline is None else max(deadline - loop.time(), 0.0)
     # Tokenizing happens in the sending thread: a worker thread, never the loop.
-    admitting = loop.run_in_executor(None, lambda: target.ask(_Submit(message, future), timeout=wait))
+    admitting = loop.run_in_executor(None, lambda: target.ask(Submit(message, future), timeout=wait))
     finished = False
     try:
         try:

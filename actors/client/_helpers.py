@@ -6,7 +6,7 @@ when they give up (timeout, or a stream consumer that stops early).
 
 A ``timeout`` bounds everything the caller waits for: a Supervisor's restart under
 way, admission (``ask(..., block=False)``, so an engine stuck in a long tick cannot
-hold the caller), then the result. The cancel they send is a ``_CancelExact`` naming
+hold the caller), then the result. The cancel they send is a ``CancelExact`` naming
 their own message: a late one (an abandoned stream collected long after) never hits a
 newer request that reuses the id.
 """
@@ -21,20 +21,26 @@ from typing import Any, Literal, Protocol, TypeVar, overload, runtime_checkable
 
 import pykka
 
-from actors.contract._embed import Embed
-from actors.contract._errors import EngineStopped, InvalidRequest, RequestTimeout
-from actors.contract._messages import (
+from actors.contract import (
+    CancelExact,
     Chat,
+    Completion,
+    Done,
+    Embed,
+    EngineStopped,
+    Failed,
     Generate,
     GenerateTokens,
+    InvalidRequest,
+    Progress,
     RequestMessage,
+    RequestTimeout,
     Stream,
     StreamChat,
     StreamTokens,
     SubmitMessage,
-    _CancelExact,
+    Token,
 )
-from actors.contract._results import Completion, Done, Failed, Progress, Token
 
 __all__ = ["chat", "generate", "stream", "stream_chat"]
 
@@ -73,7 +79,7 @@ def _tell_cancel(ref: Any, message: RequestMessage | Embed) -> None:
     """Cancel the request admitted from ``message``, and no other with its id (any thread)."""
     # A dead engine or a stopped pool has nothing to cancel.
     with contextlib.suppress(pykka.ActorDeadError, EngineStopped):
-        ref.tell(_CancelExact(message.request_id, message))
+        ref.tell(CancelExact(message.request_id, message))
 
 
 def _target(ref: Any, deadline: float | None = None) -> Any:

@@ -7,7 +7,16 @@ Schema checks that messages run live here too, pure Python, without llama.cpp).
 
 from __future__ import annotations
 
-from actors.contract._embed import Embed, Embeddings
+from actors.contract._checks import (
+    MAX_ID_LENGTH,
+    checked_template_kwargs,
+    checked_template_tools,
+    checked_text,
+    checked_tokens,
+    is_int,
+    template_variables,
+)
+from actors.contract._embed import POOLINGS, Embed, Embeddings, Pooling
 from actors.contract._errors import (
     ConfigError,
     DecodeError,
@@ -22,8 +31,11 @@ from actors.contract._errors import (
     RequestTimeout,
     StrategyError,
 )
+from actors.contract._gbnf import check_grammar
 from actors.contract._messages import (
+    STREAMING,
     Cancel,
+    CancelExact,
     Chat,
     Drain,
     Generate,
@@ -32,10 +44,15 @@ from actors.contract._messages import (
     GetStats,
     GetTokenizer,
     ReplyTo,
+    RequestMessage,
     SamplingParams,
     Stream,
     StreamChat,
+    StreamMessage,
     StreamTokens,
+    Submit,
+    SubmitMessage,
+    put_nowait,
 )
 from actors.contract._results import (
     Completion,
@@ -49,9 +66,14 @@ from actors.contract._results import (
     ToolCallDelta,
     TopLogprob,
 )
+from actors.contract._schema import grammar_for_schema
 
 __all__ = [
+    "MAX_ID_LENGTH",
+    "POOLINGS",
+    "STREAMING",
     "Cancel",
+    "CancelExact",
     "Chat",
     "Completion",
     "ConfigError",
@@ -72,20 +94,34 @@ __all__ = [
     "MemoryBudgetExceeded",
     "ModelFailedLately",
     "ModelLoadError",
+    "Pooling",
     "Progress",
     "PromptTooLong",
     "QueueFull",
     "ReplyTo",
+    "RequestMessage",
     "RequestTimeout",
     "SamplingParams",
     "StopReason",
     "StrategyError",
     "Stream",
     "StreamChat",
+    "StreamMessage",
     "StreamTokens",
+    "Submit",
+    "SubmitMessage",
     "Token",
     "TokenLogprob",
     "ToolCall",
     "ToolCallDelta",
     "TopLogprob",
+    "check_grammar",
+    "checked_template_kwargs",
+    "checked_template_tools",
+    "checked_text",
+    "checked_tokens",
+    "grammar_for_schema",
+    "is_int",
+    "put_nowait",
+    "template_variables",
 ]

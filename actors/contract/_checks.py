@@ -70,7 +70,7 @@ RESERVED_TEMPLATE_NAMES = frozenset(
 ``template_kwargs`` may not name them."""
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -94,7 +94,7 @@ def _require(ok: bool, message: str) -> None:
         raise InvalidRequest(message)
 
 
-def _checked_text(name: str, value: object, max_length: int) -> str:
+def checked_text(name: str, value: object, max_length: int) -> str:
     """``value`` as a plain ``str`` that encodes to UTF-8, at most ``max_length`` characters.
 
     A lone surrogate (``json.loads('"\\ud83d"')`` makes one from an ordinary JSON body)
@@ -136,10 +136,10 @@ def _checked_sampling(name: str, value: Any) -> Any:
     if value is None:
         return None
     if name in ("top_k", "penalty_last_n", "seed"):
-        _require(_is_int(value), f"{name} must be an int, got {_show(value)}")
+        _require(is_int(value), f"{name} must be an int, got {_show(value)}")
         value = int(value)
     elif name == "grammar":
-        text = _checked_text("grammar", value, MAX_GRAMMAR_BYTES)
+        text = checked_text("grammar", value, MAX_GRAMMAR_BYTES)
         _require(text.strip() != "", "grammar must be a non-empty GBNF string")
         # Syntax and cost limits here; a <piece> token is checked against the vocabulary
         # when the request is prepared.
@@ -200,7 +200,7 @@ def _checked_bias(bias: object) -> dict[int, float]:
     checked: dict[int, float] = {}
     for token, value in bias.items():
         _require(
-            _is_int(token) and 0 <= token <= _INT32_MAX, f"logit_bias key {_show(token)} is not a token id"
+            is_int(token) and 0 <= token <= _INT32_MAX, f"logit_bias key {_show(token)} is not a token id"
         )
         # -inf bans a token; NaN and +inf would poison the softmax.
         if _is_number(value) and value == -math.inf:
@@ -224,12 +224,12 @@ def _checked_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_prompt(prompt: object) -> str:
-    text = _checked_text("prompt", prompt, MAX_PROMPT_CHARS)
+    text = checked_text("prompt", prompt, MAX_PROMPT_CHARS)
     _require(text != "", "prompt must not be empty")
     return text
 
 
-def _checked_tokens(tokens: object) -> tuple[int, ...]:
+def checked_tokens(tokens: object) -> tuple[int, ...]:
     _require(
         isinstance(tokens, Sequence) and not isinstance(tokens, str | bytes),
         "tokens must be a list of token ids",
@@ -240,7 +240,7 @@ def _checked_tokens(tokens: object) -> tuple[int, ...]:
     checked = tuple(tokens)
     for token in checked:
         _require(
-            _is_int(token) and 0 <= token <= _INT32_MAX,
+            is_int(token) and 0 <= token <= _INT32_MAX,
             f"token id {_show(token)} is not a non-negative int32",
         )
     return tuple(int(t) for t in checked)
@@ -253,11 +253,11 @@ def _check_reply_to(reply_to: object) -> None:
     )
 
 
-def _checked_template_kwargs(value: object, name: str = "template_kwargs") -> Mapping[str, Any]:
+def checked_template_kwargs(value: object, name: str = "template_kwargs") -> Mapping[str, Any]:
     """A frozen private copy of a chat template's variables: identifier keys (not a
     name the formatter sets itself) to JSON values, within the size and depth limits.
 
-    Dicts become ``MappingProxyType``s and lists tuples (:func:`_template_variables`
+    Dicts become ``MappingProxyType``s and lists tuples (:func:`template_variables`
     makes plain ones again for each render).
     """
     _require(isinstance(value, Mapping), f"{name} must be a dict of variable name -> JSON value")
@@ -270,14 +270,14 @@ def _checked_template_kwargs(value: object, name: str = "template_kwargs") -> Ma
             f"{name} key {_show(key)} is not a variable name (a Python identifier)",
         )
         assert isinstance(key, str)
-        key = _checked_text(f"{name} key", key, MAX_ID_LENGTH)
+        key = checked_text(f"{name} key", key, MAX_ID_LENGTH)
         _require(
             key not in RESERVED_TEMPLATE_NAMES,
             f"{name} key {key!r} is set by the chat formatter itself; choose another name",
         )
         checked[key] = _frozen_json(f"{name}[{key!r}]", item, MAX_TEMPLATE_KWARGS_DEPTH, budget)
     try:
-        size = len(json.dumps(_template_variables(checked), ensure_ascii=False).encode("utf-8"))
+        size = len(json.dumps(template_variables(checked), ensure_ascii=False).encode("utf-8"))
     except (TypeError, ValueError) as e:  # not expected after the walk: refuse, never crash
         raise InvalidRequest(f"{name} is not JSON: {e}") from None
     _require(
@@ -287,7 +287,7 @@ def _checked_template_kwargs(value: object, name: str = "template_kwargs") -> Ma
     return MappingProxyType(checked)
 
 
-def _checked_tools(value: object) -> tuple[Mapping[str, Any], ...]:
+def checked_template_tools(value: object) -> tuple[Mapping[str, Any], ...]:
     """A frozen private copy of the tools a chat template renders (OpenAI's ``tools``: a
     list of JSON objects), within the limits of ``template_kwargs``."""
     _require(
@@ -312,14 +312,14 @@ def _frozen_json(name: str, value: object, depth: int, budget: list[int]) -> Any
     _require(budget[0] >= 0, f"{name} is too large (at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON)")
     if value is None or isinstance(value, bool):
         return value
-    if _is_int(value):
+    if is_int(value):
         assert isinstance(value, int)
         _require(-_INT64_MAX <= value <= _INT64_MAX, f"{name} must fit 64 bits, got {_show(value)}")
         return int(value)
     if isinstance(value, float):
         return _checked_float(name, value)
     if isinstance(value, str):
-        text = _checked_text(name, value, MAX_TEMPLATE_KWARGS_BYTES)
+        text = checked_text(name, value, MAX_TEMPLATE_KWARGS_BYTES)
         budget[0] -= len(text)
         _require(budget[0] >= 0, f"{name} is too large (at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON)")
         return text
@@ -331,7 +331,7 @@ def _frozen_json(name: str, value: object, depth: int, budget: list[int]) -> Any
         frozen: dict[str, Any] = {}
         for key, item in tuple(value.items()):
             _require(isinstance(key, str), f"{name} has a key {_show(key)}: JSON object keys are strings")
-            key = _checked_text(f"a key of {name}", key, MAX_TEMPLATE_KWARGS_BYTES)
+            key = checked_text(f"a key of {name}", key, MAX_TEMPLATE_KWARGS_BYTES)
             budget[0] -= len(key)
             frozen[key] = _frozen_json(f"{name}[{_show(key)}]", item, depth - 1, budget)
         return MappingProxyType(frozen)
@@ -340,7 +340,7 @@ def _frozen_json(name: str, value: object, depth: int, budget: list[int]) -> Any
     )
 
 
-def _template_variables(frozen: Mapping[str, Any]) -> dict[str, Any]:
+def template_variables(frozen: Mapping[str, Any]) -> dict[str, Any]:
     """Plain dicts and lists again, a fresh copy for one render (any thread): the
     template's ``tojson`` cannot serialize a ``MappingProxyType``."""
     return {key: _plain(value) for key, value in frozen.items()}

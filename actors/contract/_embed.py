@@ -22,10 +22,10 @@ from actors.contract._checks import (
     MAX_PROMPT_CHARS,
     MAX_PROMPT_TOKENS,
     _checked_float,
-    _checked_text,
-    _checked_tokens,
     _require,
     _show,
+    checked_text,
+    checked_tokens,
 )
 
 __all__ = ["MAX_EMBED_TEXTS", "POOLINGS", "Embed", "Embeddings", "Pooling"]
@@ -85,7 +85,7 @@ class Embed:
         n_chars = n_ids = 0
         for i, text in enumerate(tuple(texts)):
             if isinstance(text, str):
-                value = _checked_text(f"texts[{i}]", text, MAX_PROMPT_CHARS)
+                value = checked_text(f"texts[{i}]", text, MAX_PROMPT_CHARS)
                 _require(value != "", f"texts[{i}] is empty")
                 n_chars += len(value)
                 checked.append(value)
@@ -95,7 +95,7 @@ class Embed:
                     f"texts[{i}] must be a str or a list of token ids, got {type(text).__name__}",
                 )
                 _require(len(text) > 0, f"texts[{i}] is empty")
-                ids = _checked_tokens(text)
+                ids = checked_tokens(text)
                 n_ids += len(ids)
                 checked.append(ids)
         _require(n_chars <= MAX_PROMPT_CHARS, f"texts may have at most {MAX_PROMPT_CHARS} characters in all")
@@ -107,8 +107,8 @@ class Embed:
         )
         _require(isinstance(self.normalize, bool), f"normalize must be a bool, got {_show(self.normalize)}")
         if self.model is not None:
-            object.__setattr__(self, "model", _checked_text("model", self.model, MAX_ID_LENGTH))
-        object.__setattr__(self, "request_id", _checked_text("request_id", self.request_id, MAX_ID_LENGTH))
+            object.__setattr__(self, "model", checked_text("model", self.model, MAX_ID_LENGTH))
+        object.__setattr__(self, "request_id", checked_text("request_id", self.request_id, MAX_ID_LENGTH))
         _require(self.request_id != "", "request_id must be a non-empty str")
         if self.deadline_s is not None:
             deadline_s = _checked_float("deadline_s", self.deadline_s)

@@ -27,12 +27,12 @@ from actors.contract._checks import (
     _checked_float,
     _checked_sampling,
     _checked_schema,
-    _checked_template_kwargs,
-    _checked_text,
-    _checked_tokens,
-    _is_int,
     _require,
     _show,
+    checked_template_kwargs,
+    checked_text,
+    checked_tokens,
+    is_int,
 )
 from actors.contract._embed import Embed
 from actors.contract._tools import REASONING_FORMATS, checked_chat, checked_tool_choice, checked_tools
@@ -174,10 +174,10 @@ class _RequestMessage:
 
     def _check_options(self) -> None:
         _require(
-            _is_int(self.max_tokens) and self.max_tokens >= 1,
+            is_int(self.max_tokens) and self.max_tokens >= 1,
             f"max_tokens must be an int >= 1, got {_show(self.max_tokens)}",
         )
-        self._set("request_id", _checked_text("request_id", self.request_id, MAX_ID_LENGTH))
+        self._set("request_id", checked_text("request_id", self.request_id, MAX_ID_LENGTH))
         _require(self.request_id != "", "request_id must be a non-empty str")
         for f in fields(SamplingParams):
             self._set(f.name, _checked_sampling(f.name, getattr(self, f.name)))
@@ -198,20 +198,20 @@ class _RequestMessage:
                 "stop must be a list of strings",
             )
             _require(len(self.stop) <= MAX_STOP_STRINGS, f"stop takes at most {MAX_STOP_STRINGS} strings")
-            stops = tuple(_checked_text("a stop string", s, MAX_STOP_LENGTH) for s in self.stop)
+            stops = tuple(checked_text("a stop string", s, MAX_STOP_LENGTH) for s in self.stop)
             _require(all(stops), "stop strings must be non-empty")
             self._set("stop", stops)
-        _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens must be an int >= 0")
+        _require(is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens must be an int >= 0")
         _require(isinstance(self.ignore_eos, bool), "ignore_eos must be a bool")
         _require(isinstance(self.cache_prompt, bool), "cache_prompt must be a bool")
         _require(
-            _is_int(self.n) and 1 <= self.n <= MAX_CHOICES,
+            is_int(self.n) and 1 <= self.n <= MAX_CHOICES,
             f"n (completions of the prompt) must be an int from 1 to {MAX_CHOICES}, got {_show(self.n)}",
         )
         for name in ("cache_scope", "session", "model"):
             value = getattr(self, name)
             if value is not None:
-                self._set(name, _checked_text(name, value, MAX_ID_LENGTH))
+                self._set(name, checked_text(name, value, MAX_ID_LENGTH))
         _require(self.model != "", "model must be a non-empty str (a model's name) or None")
         _require(isinstance(self.truncate, bool), "truncate must be a bool")
         _require(isinstance(self.speculate, bool), f"speculate must be a bool, got {_show(self.speculate)}")
@@ -221,14 +221,14 @@ class _RequestMessage:
                 deadline_s > 0, f"deadline_s must be a number of seconds > 0, got {_show(self.deadline_s)}"
             )
             self._set("deadline_s", deadline_s)
-        _require(_is_int(self.priority), f"priority must be an int, got {_show(self.priority)}")
-        _require(_is_int(self.n_keep) and self.n_keep >= 0, "n_keep must be an int >= 0")
+        _require(is_int(self.priority), f"priority must be an int, got {_show(self.priority)}")
+        _require(is_int(self.n_keep) and self.n_keep >= 0, "n_keep must be an int >= 0")
         for name in ("max_tokens", "min_tokens", "n_keep", "priority"):
             value = getattr(self, name)
             _require(-_INT64_MAX <= value <= _INT64_MAX, f"{name} must fit 64 bits, got {_show(value)}")
         if self.logprobs is not None:
             _require(
-                _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
+                is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be an int within [0, {MAX_LOGPROBS}], got {_show(self.logprobs)}",
             )
         _require(isinstance(self.post_sampling_probs, bool), "post_sampling_probs must be a bool")
@@ -264,7 +264,7 @@ class GenerateTokens(_RequestMessage):
     tokens: Sequence[int] = field(kw_only=False)  # stored as a tuple
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
+        object.__setattr__(self, "tokens", checked_tokens(self.tokens))
         _RequestMessage._check_options(self)
 
 
@@ -294,7 +294,7 @@ class StreamTokens(_RequestMessage):
     """As ``Stream.progress``."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
+        object.__setattr__(self, "tokens", checked_tokens(self.tokens))
         _check_stream(self)
         _RequestMessage._check_options(self)
 
@@ -398,7 +398,7 @@ def _check_chat_options(message: Chat | StreamChat) -> None:
         f"add_generation_prompt must be a bool, got {_show(message.add_generation_prompt)}",
     )
     if message.template_kwargs is not None:
-        object.__setattr__(message, "template_kwargs", _checked_template_kwargs(message.template_kwargs))
+        object.__setattr__(message, "template_kwargs", checked_template_kwargs(message.template_kwargs))
     tools = None
     if message.tools is not None and not (
         isinstance(message.tools, list | tuple) and len(message.tools) == 0
@@ -418,7 +418,7 @@ def _check_chat_options(message: Chat | StreamChat) -> None:
     )
     if message.reasoning_budget is not None:
         _require(
-            _is_int(message.reasoning_budget) and 0 <= message.reasoning_budget <= _INT64_MAX,
+            is_int(message.reasoning_budget) and 0 <= message.reasoning_budget <= _INT64_MAX,
             f"reasoning_budget must be an int >= 0 (tokens) or None, got {_show(message.reasoning_budget)}",
         )
         _require(
@@ -430,7 +430,7 @@ def _check_chat_options(message: Chat | StreamChat) -> None:
         object.__setattr__(
             message,
             "reasoning_budget_message",
-            _checked_text("reasoning_budget_message", message.reasoning_budget_message, MAX_STOP_LENGTH * 4),
+            checked_text("reasoning_budget_message", message.reasoning_budget_message, MAX_STOP_LENGTH * 4),
         )
     if tools is not None and message.tool_choice != "none":
         _require(
@@ -459,11 +459,11 @@ class Cancel:
     request_id: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "request_id", _checked_text("request_id", self.request_id, MAX_ID_LENGTH))
+        object.__setattr__(self, "request_id", checked_text("request_id", self.request_id, MAX_ID_LENGTH))
 
 
 @dataclass(frozen=True, slots=True)
-class _CancelExact:
+class CancelExact:
     """Internal: cancel ``request_id`` only if it runs the request admitted from ``message``.
 
     The helpers cancel their own request with it: a late cancel (an abandoned stream
@@ -502,7 +502,7 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
-class _Submit:
+class Submit:
     """Admit ``message`` (Generate, GenerateTokens, Chat or Embed) and complete ``future``.
 
     Internal: a ``ServerPool`` passes the future it hands to its caller, so it learns

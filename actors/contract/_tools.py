@@ -22,11 +22,11 @@ from actors.contract._checks import (
     MAX_TEMPLATE_KWARGS_DEPTH,
     ROLES,
     _checked_schema,
-    _checked_text,
     _frozen_json,
     _plain,
     _require,
     _show,
+    checked_text,
 )
 
 __all__ = [
@@ -95,7 +95,7 @@ def checked_tools(value: object) -> tuple[Mapping[str, Any], ...]:
         entry: dict[str, Any] = {"name": name}
         description = function.get("description")
         if description is not None:
-            entry["description"] = _checked_text(f"tool {name!r}'s description", description, MAX_TOOLS_BYTES)
+            entry["description"] = checked_text(f"tool {name!r}'s description", description, MAX_TOOLS_BYTES)
         parameters = function.get("parameters")
         if parameters is not None:
             _require(
@@ -167,10 +167,10 @@ def checked_tool_calls(value: object, where: str) -> tuple[Mapping[str, Any], ..
         name = _checked_name(f"{here}.function.name", function.get("name"))
         call_id = call.get("id")
         if call_id is not None:
-            call_id = _checked_text(f"{here}.id", call_id, 256)
+            call_id = checked_text(f"{here}.id", call_id, 256)
         arguments = function.get("arguments", "{}")
         if isinstance(arguments, str):
-            text = _checked_text(f"{here}.function.arguments", arguments, MAX_PROMPT_CHARS)
+            text = checked_text(f"{here}.function.arguments", arguments, MAX_PROMPT_CHARS)
             try:
                 parsed = json.loads(text)
             except (ValueError, RecursionError):
@@ -223,11 +223,11 @@ def checked_chat(messages: object) -> tuple[Mapping[str, Any], ...]:
         if content is None and "tool_calls" in entry:
             content = ""
         _require(isinstance(content, str), f"a {role} message needs a str content")
-        text = _checked_text(f"a {role} message's content", content, MAX_PROMPT_CHARS)
+        text = checked_text(f"a {role} message's content", content, MAX_PROMPT_CHARS)
         entry["content"] = text
         total += len(text)
         if role == "assistant" and message.get("reasoning_content") is not None:
-            reasoning = _checked_text("reasoning_content", message["reasoning_content"], MAX_PROMPT_CHARS)
+            reasoning = checked_text("reasoning_content", message["reasoning_content"], MAX_PROMPT_CHARS)
             entry["reasoning_content"] = reasoning
             total += len(reasoning)
         if role == "tool":
@@ -236,9 +236,9 @@ def checked_chat(messages: object) -> tuple[Mapping[str, Any], ...]:
                 isinstance(call_id, str) and call_id != "",
                 f"messages[{i}] is a tool result: it needs the tool_call_id of the call it answers",
             )
-            entry["tool_call_id"] = _checked_text("tool_call_id", call_id, MAX_ID_LENGTH)
+            entry["tool_call_id"] = checked_text("tool_call_id", call_id, MAX_ID_LENGTH)
         if message.get("name") is not None:
-            entry["name"] = _checked_text("a message's name", message["name"], MAX_ID_LENGTH)
+            entry["name"] = checked_text("a message's name", message["name"], MAX_ID_LENGTH)
         _require(
             total <= MAX_PROMPT_CHARS, f"a chat's contents may have at most {MAX_PROMPT_CHARS} characters"
         )

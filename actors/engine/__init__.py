@@ -17,6 +17,18 @@ the actor, the caller side or scale-out, which are built on it.
 
 from __future__ import annotations
 
+from actors.engine._delivery import courier, settle
+from actors.engine._embedding import PreparedEmbed, prepare_embed
 from actors.engine._engine import Engine, EngineConfig
+from actors.engine._prepare import Prepared, prepare
 
-__all__ = ["Engine", "EngineConfig"]
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "Prepared",
+    "PreparedEmbed",
+    "courier",
+    "prepare",
+    "prepare_embed",
+    "settle",
+]

@@ -16,8 +16,16 @@ import time
 import pykka
 
 from actors.chat import ReplySpec
-from actors.contract._errors import EngineStopped, InvalidRequest, QueueFull
-from actors.contract._messages import STREAMING, ReplyTo, RequestMessage, SamplingParams, _CancelExact
+from actors.contract import (
+    STREAMING,
+    CancelExact,
+    EngineStopped,
+    InvalidRequest,
+    QueueFull,
+    ReplyTo,
+    RequestMessage,
+    SamplingParams,
+)
 from actors.engine._embedding import PreparedEmbed
 from actors.engine._forward import ForwardPass
 from actors.engine._output import TextStream
@@ -156,7 +164,7 @@ class Admission(ForwardPass):
         """A stream's consumer stopped reading: cancel it (the courier's thread)."""
         _log.warning("the consumer of stream %s stopped reading; cancelling it", message.request_id)
         with contextlib.suppress(pykka.ActorDeadError):
-            self.sender.tell(_CancelExact(message.request_id, message))
+            self.sender.tell(CancelExact(message.request_id, message))
 
     def _enqueue(self, request: Request) -> None:
         """Lower ``priority`` first, first come first served within a priority."""

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from actors.backend._rows import put_rows
-from actors.contract._checks import _is_int
-from actors.contract._errors import StrategyError
+from actors.backend import put_rows
+from actors.contract import StrategyError, is_int
 from actors.engine._slots import Slot
 from strategies import BatchPlan, SlotPlan, SlotState, SlotView
 
@@ -65,10 +64,10 @@ def check_plan(plan: object, views: Mapping[int, SlotView], budget: int, chunk_s
         if not isinstance(entry, SlotPlan):
             raise StrategyError(f"a plan entry must be a SlotPlan, got {type(entry).__name__}")
         if (
-            not _is_int(entry.seq_id)
+            not is_int(entry.seq_id)
             or not isinstance(entry.decode, bool)
-            or not _is_int(entry.prefill_tokens)
-            or not _is_int(entry.draft_tokens)
+            or not is_int(entry.prefill_tokens)
+            or not is_int(entry.draft_tokens)
         ):
             raise StrategyError(
                 "a plan entry needs an int seq_id, prefill_tokens and draft_tokens and a bool "

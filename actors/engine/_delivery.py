@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.contract._messages import ReplyTo, put_nowait
+from actors.contract import ReplyTo, put_nowait
 
 __all__ = ["Courier", "courier", "settle"]
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from actors.backend._llama import LlamaBackend
-from actors.backend._rows import put_rows
+from actors.backend import LlamaBackend, put_rows
 from actors.engine._draft_cells import DraftCells, common_prefix, fair_shares, request_tail
 from actors.engine._speculative import Draft, Drafter, DraftWant
 

@@ -32,13 +32,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from actors.backend._llama import LlamaBackend
-from actors.backend._rows import put_rows
-from actors.contract._embed import POOLINGS, Embed, Embeddings, Pooling
-from actors.contract._errors import (
+from actors.backend import LlamaBackend, put_rows
+from actors.contract import (
+    POOLINGS,
     DecodeError,
+    Embed,
+    Embeddings,
     EngineError,
     InvalidRequest,
+    Pooling,
     PromptTooLong,
     QueueFull,
     RequestTimeout,

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 import telemetry
-from actors.backend._faults import faults
-from actors.contract._errors import StrategyError
+from actors.backend import faults
+from actors.contract import StrategyError
 from actors.engine._admission import Admission
 from actors.engine._batch import Segment, check_plan, lay_out
 from actors.engine._slots import Slot

@@ -12,8 +12,7 @@ import time
 from typing import Any
 
 import telemetry
-from actors.contract._errors import EngineError
-from actors.contract._results import Completion, Done, Failed, StopReason, Token, ToolCall
+from actors.contract import Completion, Done, EngineError, Failed, StopReason, Token, ToolCall
 from actors.engine._delivery import courier, settle
 from actors.engine._slots import Choices, Request, Slot
 from actors.engine._state import EngineState

@@ -11,7 +11,7 @@ import logging
 import time
 
 import telemetry
-from actors.contract._errors import DecodeError, EngineError
+from actors.contract import DecodeError, EngineError
 from actors.engine._batch import Segment
 from actors.engine._sampling import Sampling
 from actors.engine._slots import Request, Slot, running_choices

@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.backend._llama import LlamaBackend
+from actors.backend import LlamaBackend
 from actors.engine._cells import CellLedger
 from actors.engine._prefix import PrefixIndex, PrefixMatch
 from actors.engine._slots import Request, Slot

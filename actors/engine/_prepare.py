@@ -12,13 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.backend._llama import LlamaBackend, Triggers
+from actors.backend import LlamaBackend, Triggers
 from actors.chat import ReplySpec, ToolGrammar
-from actors.contract._checks import _checked_tokens
-from actors.contract._errors import EngineError, InvalidRequest, PromptTooLong
-from actors.contract._gbnf import check_grammar
-from actors.contract._messages import Chat, RequestMessage, StreamChat
-from actors.contract._schema import grammar_for_schema
+from actors.contract import (
+    Chat,
+    EngineError,
+    InvalidRequest,
+    PromptTooLong,
+    RequestMessage,
+    StreamChat,
+    check_grammar,
+    checked_tokens,
+    grammar_for_schema,
+)
 
 __all__ = ["MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare"]
 
@@ -97,7 +103,7 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
         elif hasattr(message, "prompt"):
             prompt = backend.tokenize(message.prompt)
         else:  # checked by the constructor; again, for a message changed since
-            prompt = list(_checked_tokens(message.tokens))
+            prompt = list(checked_tokens(message.tokens))
         if not prompt:
             raise InvalidRequest("prompt tokenizes to nothing")
         if limit is not None:

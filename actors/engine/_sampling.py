@@ -9,10 +9,8 @@ from __future__ import annotations
 import math
 import time
 
-from actors.backend._greedy import DeadEnd
-from actors.backend._llama import _Chain
-from actors.contract._errors import InvalidRequest
-from actors.contract._results import Progress, Token, TokenLogprob, TopLogprob
+from actors.backend import DeadEnd, SamplerChain
+from actors.contract import InvalidRequest, Progress, Token, TokenLogprob, TopLogprob
 from actors.engine._finishing import Finishing
 from actors.engine._prepare import MAX_GRAMMAR_MS_PER_TOKEN
 from actors.engine._slots import Request, Slot
@@ -119,7 +117,7 @@ class Sampling(Finishing):
         or the end of the turn once a call is complete; None: sample as usual (the
         grammar leads the way through what no suffix can skip, such as a required key)."""
         reply, sampler, max_tokens = request.reply, request.sampler, request.message.max_tokens
-        if reply is None or not isinstance(sampler, _Chain) or sampler.grammar is None:
+        if reply is None or not isinstance(sampler, SamplerChain) or sampler.grammar is None:
             return None
         n = len(request.token_ids)
         if reply.in_call != (request.call_start >= 0):  # a call opened, or ended
@@ -159,7 +157,7 @@ class Sampling(Finishing):
     def _too_costly(request: Request) -> bool:
         """The request's grammar took over the limit for several tokens in a row."""
         sampler = request.sampler
-        if not isinstance(sampler, _Chain) or not sampler.has_grammar:
+        if not isinstance(sampler, SamplerChain) or not sampler.has_grammar:
             return False
         if sampler.grammar_ms <= MAX_GRAMMAR_MS_PER_TOKEN:
             request.grammar_strikes = 0

@@ -18,8 +18,7 @@ import numpy as np
 import pykka
 
 from actors.chat import ReplyParser
-from actors.contract._messages import ReplyTo, RequestMessage, SamplingParams
-from actors.contract._results import Token, TokenLogprob
+from actors.contract import ReplyTo, RequestMessage, SamplingParams, Token, TokenLogprob
 from actors.engine._output import TextStream
 from actors.engine._speculative import Acceptances, DraftWant
 from strategies import SlotState, SlotView

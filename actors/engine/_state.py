@@ -11,8 +11,8 @@ from collections import deque
 from typing import Any
 
 import telemetry
-from actors.backend._llama import LlamaBackend
-from actors.contract._messages import SamplingParams
+from actors.backend import LlamaBackend
+from actors.contract import SamplingParams
 from actors.engine._batch import BatchArrays
 from actors.engine._draft_model import ModelDrafter
 from actors.engine._embedding import Embedder

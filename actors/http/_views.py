@@ -58,6 +58,7 @@ class View(Protocol):
         """A service for one of the router's models, sharing this one's threads."""
         ...
 
+
 __all__ = ["RUNNING", "ModelViews", "model_states"]
 
 _LOAD_TIMEOUT_S = 600.0  # a model's first request waits this long for it to load

@@ -12,4 +12,8 @@ from actors.scale._handle import ModelHandle
 from actors.scale._manager import ModelManager
 from actors.scale._pool import ServerPool
 
-__all__ = ["ModelHandle", "ModelManager", "ServerPool"]
+__all__ = [
+    "ModelHandle",
+    "ModelManager",
+    "ServerPool",
+]

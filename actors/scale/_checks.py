@@ -10,18 +10,19 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from actors.actor._estimate import MemoryEstimate
-from actors.actor._options import StartOptions
-from actors.contract._checks import MAX_ID_LENGTH, _checked_text
-from actors.contract._embed import Embed
-from actors.contract._errors import ConfigError, InvalidRequest
-from actors.contract._messages import (
+from actors.actor import MemoryEstimate, StartOptions
+from actors.contract import (
+    MAX_ID_LENGTH,
     STREAMING,
     Chat,
+    ConfigError,
+    Embed,
     Generate,
     GenerateTokens,
+    InvalidRequest,
     SamplingParams,
-    _Submit,
+    Submit,
+    checked_text,
 )
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 _MIB = 1 << 20
-_ROUTED = (Generate, GenerateTokens, Chat, *STREAMING, Embed, _Submit)
+_ROUTED = (Generate, GenerateTokens, Chat, *STREAMING, Embed, Submit)
 _MAX_TIMEOUT_S = 1e6
 
 
@@ -82,7 +83,7 @@ def listed(models: Iterable[str]) -> str:
 
 def checked_name(name: object) -> str:
     try:
-        checked = _checked_text("a model name", name, MAX_ID_LENGTH)
+        checked = checked_text("a model name", name, MAX_ID_LENGTH)
     except InvalidRequest as e:
         raise ConfigError(str(e)) from None
     if not checked:
@@ -103,7 +104,7 @@ def routed_id(message: Any) -> str:
     is leased (leasing may load one, and unload another)."""
     if not isinstance(message, _ROUTED):
         raise TypeError(f"a ModelManager does not handle {type(message).__name__}: {message!r}")
-    request = message.message if isinstance(message, _Submit) else message
+    request = message.message if isinstance(message, Submit) else message
     return request.request_id
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from actors.contract._errors import InvalidRequest
-from actors.contract._messages import Drain
+from actors.contract import Drain, InvalidRequest
 
 __all__ = ["ModelHandle"]
 

@@ -30,16 +30,17 @@ from typing import Any, Literal
 
 import pykka
 
-from actors.actor._estimate import estimate_options
-from actors.actor._options import check_options
-from actors.contract._errors import ConfigError, EngineStopped, InvalidRequest
-from actors.contract._messages import (
+from actors.actor import check_options, estimate_options
+from actors.contract import (
     Cancel,
+    CancelExact,
+    ConfigError,
     Drain,
+    EngineStopped,
     GetInfo,
     GetStats,
     GetTokenizer,
-    _CancelExact,
+    InvalidRequest,
 )
 from actors.scale._checks import (
     checked_keep_alive,
@@ -75,7 +76,7 @@ __all__ = ["ModelManager"]
 
 _DEFAULT_KEEP_ALIVE_S = 300.0
 _STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
-_CONTROL = (Cancel, _CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
+_CONTROL = (Cancel, CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
 
 
 class ModelManager:
@@ -325,7 +326,7 @@ class ModelManager:
         return snapshot
 
     def _control(self, message: Any, name: str | None, timeout: float | None) -> Any:
-        if isinstance(message, Cancel | _CancelExact):
+        if isinstance(message, Cancel | CancelExact):
             # A cancel names no model: it goes to the engine that runs its id (the manager
             # refuses an id in flight on two models), if any.
             for info in self._pools()["models"].values():

@@ -9,9 +9,8 @@ import dataclasses
 import time
 from typing import Any
 
-from actors.actor._estimate import MemoryEstimate
-from actors.actor._options import StartOptions
-from actors.contract._errors import EngineStopped
+from actors.actor import MemoryEstimate, StartOptions
+from actors.contract import EngineStopped
 from actors.scale._pool import ServerPool
 
 __all__ = [

@@ -20,7 +20,7 @@ thread, or a Ray replica's outbox reader), which tell the router through ``Track
 
 A stream reaches its replica as a copy of the caller's message (its ``reply_to`` a
 ``Relay``), so the pool remembers, per request in flight, the caller's message and the
-one it sent: a ``_CancelExact`` naming the caller's message becomes one naming the
+one it sent: a ``CancelExact`` naming the caller's message becomes one naming the
 message the replica admitted, and a late one for an older request that reused the id
 cancels nothing.
 """
@@ -37,20 +37,23 @@ from typing import Any
 
 import pykka
 
-from actors.contract._embed import Embed
-from actors.contract._errors import ConfigError, EngineStopped, QueueFull, RequestTimeout
-from actors.contract._messages import (
+from actors.contract import (
     STREAMING,
     Cancel,
+    CancelExact,
+    ConfigError,
     Drain,
+    Embed,
+    EngineStopped,
     GetInfo,
     GetStats,
     GetTokenizer,
+    QueueFull,
     RequestMessage,
+    RequestTimeout,
     StreamMessage,
+    Submit,
     SubmitMessage,
-    _CancelExact,
-    _Submit,
 )
 from actors.scale._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
 from actors.scale._router import Router
@@ -220,10 +223,10 @@ class ServerPool:
         self._check_running()
         if isinstance(message, SubmitMessage | Embed):
             answer: Any = self._submit(message, timeout)
-        elif isinstance(message, _Submit):  # the caller's own future gets the outcome
+        elif isinstance(message, Submit):  # the caller's own future gets the outcome
             self._submit(message.message, timeout, message.future)
             answer = None
-        elif isinstance(message, (*STREAMING, Cancel, _CancelExact)):
+        elif isinstance(message, (*STREAMING, Cancel, CancelExact)):
             self.tell(message)
             answer = None
         elif isinstance(message, GetStats):
@@ -242,7 +245,7 @@ class ServerPool:
 
     def tell(self, message: Any) -> None:
         """As ``ActorRef.tell``: streams are routed, ``Cancel`` reaches the request's replica,
-        ``_CancelExact`` too if it names the message the request in flight came from."""
+        ``CancelExact`` too if it names the message the request in flight came from."""
         self._check_running()
         if isinstance(message, STREAMING):
             self._send(message)
@@ -250,11 +253,11 @@ class ServerPool:
             name = self.router.replica_of(message.request_id)
             if name is not None:
                 self._replicas[name].cancel(message.request_id)
-        elif isinstance(message, _CancelExact):
+        elif isinstance(message, CancelExact):
             self._cancel_exact(message)
         elif isinstance(message, SubmitMessage | Embed):
             self._submit(message, None)
-        elif isinstance(message, _Submit):
+        elif isinstance(message, Submit):
             self._submit(message.message, None, message.future)
         else:
             raise TypeError(f"a ServerPool cannot be told {message!r}")
@@ -324,7 +327,7 @@ class ServerPool:
         outer: pykka.ThreadingFuture[Any] | None = None,
     ) -> Tracked:
         """Admit a Generate (or an Embed) on a replica within ``timeout`` (caller's thread);
-        its outcome goes to ``outer`` too, when given (a ``_Submit``'s future).
+        its outcome goes to ``outer`` too, when given (a ``Submit``'s future).
 
         Raises:
             RequestTimeout: no replica answered the admission in time; cancelled there.
@@ -384,7 +387,7 @@ class ServerPool:
             if self._sent.get(sent.message.request_id) is sent:
                 del self._sent[sent.message.request_id]
 
-    def _cancel_exact(self, cancel: _CancelExact) -> None:
+    def _cancel_exact(self, cancel: CancelExact) -> None:
         """Cancel the request in flight with that id only if it came from ``cancel.message``."""
         with self._lock:
             sent = self._sent.get(cancel.request_id)

@@ -39,12 +39,25 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 import telemetry
-from actors.backend._tokenizer import Tokenizer
-from actors.contract._embed import Embed
-from actors.contract._errors import EngineError, EngineStopped, QueueFull, RequestTimeout
-from actors.contract._messages import Cancel, Drain, GetInfo, GetTokenizer, StreamMessage, SubmitMessage
-from actors.contract._results import Done, Failed, Progress, Token
-from actors.engine._delivery import courier
+from actors.backend import Tokenizer
+from actors.contract import (
+    Cancel,
+    Done,
+    Drain,
+    Embed,
+    EngineError,
+    EngineStopped,
+    Failed,
+    GetInfo,
+    GetTokenizer,
+    Progress,
+    QueueFull,
+    RequestTimeout,
+    StreamMessage,
+    SubmitMessage,
+    Token,
+)
+from actors.engine import courier
 from actors.scale._replica import Relay, ReplicaDown, Tracked
 
 __all__ = ["start_ray_replicas"]
@@ -116,7 +129,7 @@ class ReplicaActor:
     """
 
     def __init__(self, name: str, options: dict[str, Any], max_restarts: int, max_seconds: float) -> None:
-        from actors.actor._supervisor import Supervisor
+        from actors.actor import Supervisor
 
         self.name = name
         _normal_priority(name)
@@ -410,7 +423,7 @@ def start_ray_replicas(
     ``server_options`` are checked here first (a ServerActor's checks run in
     ``__init__``, before any model loads), so a bad option raises in the caller.
     """
-    from actors.actor._server import ServerActor
+    from actors.actor import ServerActor
 
     ServerActor(**server_options)  # checks only: nothing loads until on_start
     if not ray.is_initialized():

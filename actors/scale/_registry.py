@@ -15,17 +15,17 @@ from typing import Any
 import pykka
 
 import telemetry
-from actors.actor._estimate import estimate_options
-from actors.contract._errors import (
+from actors.actor import estimate_options
+from actors.contract import (
     ConfigError,
     EngineError,
+    GetInfo,
     InvalidRequest,
     MemoryBudgetExceeded,
     ModelFailedLately,
     ModelLoadError,
     QueueFull,
 )
-from actors.contract._messages import GetInfo
 from actors.scale._checks import listed, times
 from actors.scale._models import (
     Acquire,

@@ -16,20 +16,24 @@ from typing import Any, Protocol
 
 import pykka
 
-from actors.actor._supervisor import Supervisor
-from actors.contract._embed import Embed
-from actors.contract._errors import QueueFull, RequestTimeout
-from actors.contract._messages import (
+from actors.actor import Supervisor
+from actors.contract import (
     Cancel,
+    CancelExact,
+    Done,
     Drain,
+    Embed,
+    Failed,
+    Progress,
+    QueueFull,
     ReplyTo,
+    RequestTimeout,
     StreamMessage,
+    Submit,
     SubmitMessage,
-    _CancelExact,
-    _Submit,
+    Token,
     put_nowait,
 )
-from actors.contract._results import Done, Failed, Progress, Token
 
 __all__ = ["LocalReplica", "Relay", "Replica", "ReplicaDown", "Tracked"]
 
@@ -167,7 +171,7 @@ class LocalReplica:
     def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
         ref = self._ref()
         # Not a blocking ask: an engine in a long (or stuck) tick answers only after it.
-        admitted = ref.ask(_Submit(message, future), block=False)
+        admitted = ref.ask(Submit(message, future), block=False)
         try:
             admitted.get(timeout=timeout)
         except pykka.ActorDeadError:
@@ -175,7 +179,7 @@ class LocalReplica:
         except pykka.Timeout:
             # It may be admitted later: this cancel follows it in the same inbox.
             with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(_CancelExact(message.request_id, message))
+                ref.tell(CancelExact(message.request_id, message))
             raise RequestTimeout(f"{self.name} did not admit the request within {timeout} s") from None
 
     def send(self, message: StreamMessage) -> None:
@@ -188,7 +192,7 @@ class LocalReplica:
         ref = self.supervisor.current()
         if ref is not None:
             with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(Cancel(request_id) if message is None else _CancelExact(request_id, message))
+                ref.tell(Cancel(request_id) if message is None else CancelExact(request_id, message))
 
     def call(self, message: Any, timeout: float | None) -> Any:
         if isinstance(message, Drain):

@@ -28,9 +28,16 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from actors.contract._embed import Embed
-from actors.contract._errors import EngineStopped, InvalidRequest
-from actors.contract._messages import Chat, GenerateTokens, RequestMessage, StreamChat, StreamTokens
+from actors.contract import (
+    Chat,
+    Embed,
+    EngineStopped,
+    GenerateTokens,
+    InvalidRequest,
+    RequestMessage,
+    StreamChat,
+    StreamTokens,
+)
 
 __all__ = ["Router"]
 
