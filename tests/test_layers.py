@@ -80,7 +80,11 @@ VIOLATIONS = [
     ("strategies/_base.py", "from actors.contract import _errors", "strategies import nothing"),
     ("telemetry/logging.py", "import actors.contract", "telemetry imports nothing"),
     ("actors/engine/_sampling.py", "from actors.engine import _admission", "each part imports only"),
-    ("actors/engine/_batch.py", "from actors.backend._rows import put_rows", "private modules are imported only"),
+    (
+        "actors/engine/_batch.py",
+        "from actors.backend._rows import put_rows",
+        "private modules are imported only",
+    ),
     ("actors/scale/_pool.py", "from actors.engine import _slots", "private modules are imported only"),
     # The circles that were (each behind TYPE_CHECKING), planted back.
     ("actors/scale/_handle.py", "from actors.scale import _manager", "no import circles"),

@@ -129,6 +129,11 @@ class Region(Protocol):
         """The reply ended inside the region."""
         ...
 
+    @property
+    def after_call(self) -> bool:
+        """Whether a call has just ended here (the region awaits another, or its end)."""
+        ...
+
     def closing(self) -> str | None:
         """The shortest text that ends the current call's JSON arguments from here
         (None: there are none open, or only more of the model's text can end them)."""

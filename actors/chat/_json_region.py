@@ -121,6 +121,10 @@ class JsonRegion:
             return self._after_value("", final=True)
         return self._broken()
 
+    @property
+    def after_call(self) -> bool:
+        return self._reader.done  # its calls are written; only its closing marker is due
+
     def closing(self) -> str | None:
         closer = "" if self._syntax.json_reply else (self._syntax.call_close or "")
         if not self._reader.done:

@@ -141,6 +141,12 @@ class ReplyParser:
         """Whether a call region is open (its marker was read, its end not yet)."""
         return self._region is not None
 
+    @property
+    def after_call(self) -> bool:
+        """Whether the open region has just ended a call (another may follow in it, or
+        the region's end)."""
+        return self._region is not None and self._region.after_call
+
     def closing(self) -> str | None:
         """The shortest text that ends the open call's JSON arguments (``'"}}'``), or
         None: no call is open, its arguments are not JSON, or only more of the

@@ -130,6 +130,10 @@ class TaggedRegion:
             return ("done", "")
         return self._broken(held)
 
+    @property
+    def after_call(self) -> bool:
+        return self._steps[self._step] == "next"
+
     def closing(self) -> str | None:
         steps, k = self._steps, self._step
         step = steps[k]
@@ -355,6 +359,10 @@ class RawRegion:
     def _send(self, fragment: str, out: Out) -> None:
         self._args.append(fragment)
         self._log.args(self._index, fragment, out)
+
+    @property
+    def after_call(self) -> bool:
+        return False  # the raw call runs to the reply's end
 
     def closing(self) -> str | None:
         return self._json.closing() if self._mode == "json" and not self._json.done else None

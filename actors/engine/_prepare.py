@@ -10,10 +10,11 @@ unprepared (sent before the model loaded) is prepared there.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from actors.backend import LlamaBackend, Triggers
-from actors.chat import ReplySpec, ToolGrammar
+from actors.chat import ReplySpec, Syntax, ToolGrammar, write_calls
 from actors.contract import (
     Chat,
     EngineError,
@@ -26,7 +27,11 @@ from actors.contract import (
     grammar_for_schema,
 )
 
-__all__ = ["MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare"]
+__all__ = ["CALL_ROOM", "MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare"]
+
+CALL_ROOM = 48
+"""Tokens of arguments a call required after thinking keeps room for: the thinking
+ends that much (plus the call's markers) before ``max_tokens``."""
 
 MAX_GRAMMAR_MS_PER_TOKEN = 50.0
 """The most one token's grammar check may cost, in ms of the engine thread.
@@ -135,11 +140,29 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
     budget_tokens: tuple[int, ...] = ()
     if reply is not None and reply.reasoning and reply.syntax.think is not None:
         budget = getattr(message, "reasoning_budget", None)
+        choice = getattr(message, "tool_choice", None)
+        required = isinstance(message, Chat | StreamChat) and choice not in (None, "auto", "none")
+        if required and reply.thinking and tools is not None and tools.lazy:
+            assert isinstance(message, Chat | StreamChat)
+            # A call is required after the thinking the prompt opened: the thinking ends
+            # while max_tokens still holds the close and a call (its markers, and
+            # CALL_ROOM tokens of arguments), or the turn could end without a call.
+            room = message.max_tokens - _call_cost(backend, reply.syntax, message)
+            budget = max(0, room if budget is None else min(budget, room))
         if budget is not None:
             note = getattr(message, "reasoning_budget_message", None)
             close = (note + "\n" if note else "") + reply.syntax.think[1]
             budget_tokens = tuple(backend.tokenize(close, add_special=False, parse_special=True))
     return Prepared(message, tuple(prompt), grammar, triggers, reply, budget, budget_tokens)
+
+
+def _call_cost(backend: LlamaBackend, syntax: Syntax, message: Chat | StreamChat) -> int:
+    """Tokens a required call needs after thinking: the thinking's close, the call's
+    markers (written with no arguments) and :data:`CALL_ROOM` tokens of arguments."""
+    assert syntax.think is not None and message.tools
+    name = str(message.tools[0]["function"]["name"])
+    markup = syntax.think[1] + write_calls(dataclasses.replace(syntax, think=None), [(name, {})])
+    return len(backend.tokenize(markup, add_special=False, parse_special=True)) + CALL_ROOM
 
 
 def _triggers(backend: LlamaBackend, grammar: ToolGrammar) -> Triggers:

@@ -16,17 +16,21 @@ from actors.engine._prepare import MAX_GRAMMAR_MS_PER_TOKEN
 from actors.engine._slots import Request, Slot
 from strategies import SlotState
 
-__all__ = ["CLOSE_RESERVE", "Sampling"]
+__all__ = ["CLOSE_MARGIN", "CLOSE_WINDOW", "Sampling"]
 
 # A grammar over MAX_GRAMMAR_MS_PER_TOKEN for this many tokens in a row fails its request.
 _GRAMMAR_STRIKES = 3
 
-CLOSE_RESERVE = 16
-"""The last tokens of ``max_tokens`` in which a constrained tool call is brought to its
-end (at most half of ``max_tokens``): its open JSON strings, objects and arrays are
-closed where they stand and the turn ends after the call, so that its arguments parse
-and match the schema instead of being cut off. Between calls the reserve also holds
-the longest call so far: the turn ends rather than begin a call it could not finish."""
+CLOSE_MARGIN = 4
+"""A constrained tool call is never cut off by ``max_tokens``: once the tokens left are
+no more than its closing text needs (its open JSON strings, objects and arrays closed
+where they stand, then the format's closing markers) plus this margin, it is brought
+to its end, each token checked against the grammar. Between calls, the turn ends once
+the tokens left are no more than the longest call so far took plus this margin."""
+
+CLOSE_WINDOW = 64
+"""How near ``max_tokens`` an open call's closing text is measured (the measure
+tokenizes it, so it is done only this close to the end)."""
 
 
 def _log(p: float) -> float:
@@ -111,32 +115,45 @@ class Sampling(Finishing):
         return None
 
     def _closing(self, request: Request, ban_eog: bool) -> int | None:
-        """Within the last :data:`CLOSE_RESERVE` tokens, the token that brings a
-        constrained call to its end, when its grammar takes it: the first token of the
+        """The token that brings a constrained call to its end before ``max_tokens``,
+        when its grammar takes it (see :data:`CLOSE_MARGIN`): the first token of the
         longest start of the call's closing text (``'"}}</tool_call>'``, then shorter),
-        or the end of the turn once a call is complete; None: sample as usual (the
-        grammar leads the way through what no suffix can skip, such as a required key)."""
-        reply, sampler, max_tokens = request.reply, request.sampler, request.message.max_tokens
+        or the end of the turn between calls; None: sample as usual (the grammar leads
+        the way through what no suffix can skip, such as a required key)."""
+        reply, sampler = request.reply, request.sampler
         if reply is None or not isinstance(sampler, SamplerChain) or sampler.grammar is None:
             return None
         n = len(request.token_ids)
-        if reply.in_call != (request.call_start >= 0):  # a call opened, or ended
-            if request.call_start >= 0:
-                request.call_tokens = max(request.call_tokens, n - request.call_start)
-            request.call_start = n if reply.in_call else -1
-        # Between calls the reserve is wider: no call is begun that could not end.
-        reserve = CLOSE_RESERVE + (0 if reply.in_call else request.call_tokens)
-        if max_tokens - n > min(reserve, max_tokens // 2):
+        left = request.message.max_tokens - n
+        done = len(reply.calls)
+        if reply.in_call and request.call_start < 0:
+            request.call_start = n  # the first call's marker: calls cost from here on
+        if done and (done > request.calls_seen or not reply.in_call):
+            # What a call took, markers and the gaps between calls included (on average,
+            # with a quarter more): what the next may take.
+            per_call = -(-(n - request.call_start) * 5 // (4 * done))
+            request.call_tokens = max(request.call_tokens, per_call)
+            request.calls_seen = done
+        if left > max(CLOSE_WINDOW, request.call_tokens + CLOSE_MARGIN):
             return None
-        text = reply.closing() or ""
-        tried: set[int] = set()
-        for end in range(len(text), 0, -1):
-            ids = self.backend.tokenize(text[:end], add_special=False, parse_special=True)
-            if ids and ids[0] not in tried:
-                tried.add(ids[0])
-                if self.backend.force(sampler, ids[0]):
-                    return ids[0]
-        if reply.calls and not ban_eog:
+        # Between calls the turn ends rather than begin a call it could not finish.
+        between = done > 0 and (not reply.in_call or reply.after_call)
+        reserve = request.call_tokens if between else 0
+        text = reply.closing() if reply.in_call else ""
+        if text:
+            tokenize = self.backend.tokenize
+            need = len(tokenize(text, add_special=False, parse_special=True))
+            if left > max(need, reserve) + CLOSE_MARGIN:
+                return None
+            tried: set[int] = set()
+            for end in range(len(text), 0, -1):
+                ids = tokenize(text[:end], add_special=False, parse_special=True)
+                if ids and ids[0] not in tried:
+                    tried.add(ids[0])
+                    if self.backend.force(sampler, ids[0]):
+                        return ids[0]
+            return None
+        if text == "" and between and not ban_eog and left <= reserve + CLOSE_MARGIN:
             for eog in sorted(self.backend.eog_ids):
                 if self.backend.force(sampler, eog):
                     return eog

@@ -70,9 +70,10 @@ class Request:
     budget: int | None = None
     budget_tokens: tuple[int, ...] = ()
     forced: list[int] = field(default_factory=list)
-    # Tool calls: where the open call began (a token count; -1: none open), and the
-    # most tokens a finished call took (what another call is expected to need).
+    # Tool calls: where the first call began (a token count; -1: none yet), the calls
+    # complete so far, and the tokens one is expected to need (from those so far).
     call_start: int = -1
+    calls_seen: int = 0
     call_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     stop_string: str | None = None
