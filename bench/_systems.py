@@ -160,41 +160,41 @@ class BareLoop(System):
 
         b = self.backend
         for seq in range(len(prompts)):
-            b.seq_clear(seq)
+            b.kv.clear(seq)
         greedy = SamplingParams(temp=0)
         t0 = time.perf_counter()
-        tokenized = [b.tokenize(p) for p in prompts]
-        samplers = [b.make_sampler(greedy, dict(NO_EOG), t) for t in tokenized]
+        tokenized = [b.vocab.tokenize(p) for p in prompts]
+        samplers = [b.sampling.make(greedy, dict(NO_EOG), t) for t in tokenized]
         row, last_rows = 0, []
         for seq, tokens in enumerate(tokenized):
             n = len(tokens)
-            b.tokens[row : row + n] = tokens
-            b.pos[row : row + n] = range(n)
-            b.seq_ids[row : row + n] = seq
-            b.logits[row : row + n] = 0
-            b.logits[row + n - 1] = 1
+            b.rows.tokens[row : row + n] = tokens
+            b.rows.pos[row : row + n] = range(n)
+            b.rows.seq_ids[row : row + n] = seq
+            b.rows.logits[row : row + n] = 0
+            b.rows.logits[row + n - 1] = 1
             last_rows.append(row + n - 1)
             row += n
-        assert b.decode(0, row) == 0
+        assert b.rows.decode(0, row) == 0
         arrivals: list[list[float]] = [[] for _ in prompts]
         current = []
         for seq, r in enumerate(last_rows):
-            current.append(b.sample(samplers[seq], r))
+            current.append(b.sampling.sample(samplers[seq], r))
             arrivals[seq].append(time.perf_counter())
         n_past = [len(t) for t in tokenized]
         k = len(prompts)
         for _step in range(max_tokens - 1):
-            b.tokens[:k] = current
-            b.pos[:k] = n_past
-            b.seq_ids[:k] = range(k)
-            b.logits[:k] = 1
-            assert b.decode(0, k) == 0
+            b.rows.tokens[:k] = current
+            b.rows.pos[:k] = n_past
+            b.rows.seq_ids[:k] = range(k)
+            b.rows.logits[:k] = 1
+            assert b.rows.decode(0, k) == 0
             for seq in range(k):
-                current[seq] = b.sample(samplers[seq], seq)
+                current[seq] = b.sampling.sample(samplers[seq], seq)
                 arrivals[seq].append(time.perf_counter())
                 n_past[seq] += 1
         for sampler in samplers:
-            b.free_sampler(sampler)
+            b.sampling.free(sampler)
         return [(t0, a) for a in arrivals]
 
     def stop(self) -> None:

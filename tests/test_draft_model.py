@@ -46,6 +46,13 @@ class FakeDraftContext:
         self.predict = model
         self.p = 1.0
 
+    # The backend's parts (``actors.backend.Backend``) are this one object.
+    @property
+    def rows(self) -> FakeDraftContext:
+        return self
+
+    kv = sampling = vocab = rows
+
     @property
     def used(self) -> int:
         return len(self.cells)
@@ -87,16 +94,16 @@ class FakeDraftContext:
                 if not seqs:
                     del self.cells[cell]
 
-    def seq_trim(self, seq_id: int, keep: int) -> bool:
+    def trim(self, seq_id: int, keep: int) -> bool:
         if self.refuse_trim:
             return False
         self._untag(seq_id, keep, 1 << 30)
         return True
 
-    def seq_clear(self, seq_id: int) -> None:
+    def clear(self, seq_id: int) -> None:
         self._untag(seq_id, 0, 1 << 30)
 
-    def seq_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+    def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         for pos, _, seqs in self.cells.values():
             if p0 <= pos < p1:
                 assert dst not in seqs, "seq_cp onto positions the destination holds"

@@ -357,9 +357,9 @@ def assert_llama_agrees(grammars: list[str], verdicts: list[str], run: LlamaRun)
 
 @pytest.fixture(scope="module")
 def convert() -> Callable[[Any], str]:
-    from actors.backend._llama import LlamaBackend
+    from actors.backend._llama import LlamaSampling
 
-    return LlamaBackend.json_schema_grammar
+    return LlamaSampling.json_schema_grammar
 
 
 def test_all_lists_the_public_names() -> None:
@@ -918,10 +918,10 @@ def test_check_schema_raises_only_invalid_request(schema: Any) -> None:
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SCHEMAS)
 def test_converted_schemas_pass_check_grammar_or_are_refused(schema: dict[str, Any]) -> None:
-    from actors.backend._llama import LlamaBackend
+    from actors.backend._llama import LlamaSampling
 
     try:
-        grammar = grammar_for_schema(schema, LlamaBackend.json_schema_grammar)
+        grammar = grammar_for_schema(schema, LlamaSampling.json_schema_grammar)
     except InvalidRequest:
         return
     check_grammar(grammar)

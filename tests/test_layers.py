@@ -111,7 +111,7 @@ def test_a_planted_import_breaks_its_contract(tmp_path: Path, path: str, line: s
 def test_the_readme_tick_diagram_names_functions_that_exist() -> None:
     from actors.actor._ref import EngineRef
     from actors.actor._server import ServerActor
-    from actors.backend._llama import LlamaBackend
+    from actors.backend._llama import LlamaRows, LlamaSampling
     from actors.engine import _batch, _prepare
     from actors.engine._admission import Admission
     from actors.engine._delivery import Courier
@@ -124,7 +124,7 @@ def test_the_readme_tick_diagram_names_functions_that_exist() -> None:
 
     classes = {c.__name__: c for c in (
         Admission, BatchStrategy, Courier, Engine, EngineRef, Finishing, ForwardPass, KVMemory,
-        LlamaBackend, Sampling, ServerActor,
+        LlamaRows, LlamaSampling, Sampling, ServerActor,
     )}  # fmt: skip
     functions = {"check_plan": _batch.check_plan, "lay_out": _batch.lay_out, "prepare": _prepare.prepare}
     readme = (ROOT / "README.md").read_text()

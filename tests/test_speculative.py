@@ -598,19 +598,19 @@ def test_draft_p_min_stops_unsure_drafts(start_server: StartServer) -> None:
 def test_a_draft_model_must_share_the_vocabulary(start_server: StartServer) -> None:
     ref = start_server(n_parallel=1)
     ref.ask(GetStats())  # loaded
-    backend = ref.backend  # type: ignore[attr-defined]
-    assert backend.vocabulary_differs(backend) is None
+    vocab = ref.backend.vocab  # type: ignore[attr-defined]
+    assert vocab.differs(vocab) is None
 
     def like(**changes: Any) -> Any:
-        fields = {"n_vocab": backend.n_vocab, "_add_bos": backend._add_bos, "_bos": backend._bos,
-                  "eog_ids": backend.eog_ids, "_pieces": list(backend._pieces)}  # fmt: skip
+        fields = {"n_vocab": vocab.n_vocab, "add_bos": vocab.add_bos, "bos": vocab.bos,
+                  "eog_ids": vocab.eog_ids, "_pieces": list(vocab._pieces)}  # fmt: skip
         return types.SimpleNamespace(**{**fields, **changes})
 
-    pieces = list(backend._pieces)
+    pieces = list(vocab._pieces)
     pieces[1234] = b"something else"
-    assert "token 1234" in backend.vocabulary_differs(like(_pieces=pieces))
-    assert "tokens against" in backend.vocabulary_differs(like(n_vocab=backend.n_vocab + 1))
-    assert "end-of-generation" in backend.vocabulary_differs(like(eog_ids=frozenset({7})))
+    assert "token 1234" in vocab.differs(like(_pieces=pieces))
+    assert "tokens against" in vocab.differs(like(n_vocab=vocab.n_vocab + 1))
+    assert "end-of-generation" in vocab.differs(like(eog_ids=frozenset({7})))
 
 
 def test_a_strategy_over_planning_a_draft_model_runs_it_for_no_more_than_the_room(
@@ -683,7 +683,7 @@ def test_a_draft_that_stopped_at_its_first_token_is_offered_as_it_is(start_serve
     strategy = OneDraftToken()
     ref = draft_engine(start_server, n_parallel=1, batch_strategy=strategy)
     strategy.engine = ref.proxy().actor_engine.get()
-    eog = strategy.engine.backend.eog_ids
+    eog = strategy.engine.backend.vocab.eog_ids
     chats = [
         "<|im_start|>user\nReply with one word: yes or no?<|im_end|>\n<|im_start|>assistant\n",
         "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\nHi!<|im_end|>\n"
@@ -709,7 +709,7 @@ def test_a_draft_model_loads_without_its_chat_template_and_must_not_be_recurrent
     template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     ref = draft_engine(start_server, n_parallel=1, chat_template=template, batch_strategy=AllDrafts())
     got = ref.ask(Generate(GROUNDED[1], max_tokens=20, temp=0, logit_bias=NO_EOG)).get(timeout=120)
-    assert got.draft_accepted > 0 and not drafter_of(ref).backend.has_chat_template
+    assert got.draft_accepted > 0 and not drafter_of(ref).backend.chat.has_template
     ref.stop()
     monkeypatch.undo()
     # A recurrent (or hybrid) draft model: llama.cpp cannot drop its rejected drafts.
@@ -726,13 +726,13 @@ def test_a_long_new_prompt_catches_up_in_chunks_beside_other_drafts(start_server
     ref = draft_engine(start_server, n_parallel=2, chunk_size=64, batch_strategy=AllDrafts(), draft_max=4)
     drafter = drafter_of(ref)
     passes: list[list[int]] = []
-    decode = drafter.backend.decode
+    decode = drafter.backend.rows.decode
 
     def recording(start: int, end: int) -> int:  # the engine's thread
-        passes.append(drafter.backend.seq_ids[start:end].tolist())
+        passes.append(drafter.backend.rows.seq_ids[start:end].tolist())
         return int(decode(start, end))
 
-    drafter.backend.decode = recording  # type: ignore[method-assign]
+    drafter.backend.rows.decode = recording  # type: ignore[method-assign]
     generating = Generate(GROUNDED[2], max_tokens=400, temp=0, logit_bias=NO_EOG)
     short = ref.ask(generating)
     wait_until(lambda: len(passes) > 2, 60)

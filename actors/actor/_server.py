@@ -173,6 +173,7 @@ class ServerActor(pykka.ThreadingActor):
         self.actor_chat_template = options.chat_template
         self.actor_chat_template_kwargs = options.chat_template_kwargs
         self.actor_engine: Engine | None = None
+        self.actor_backend: LlamaBackend | None = None  # the engine's, once loaded
         self._who = "the engine" if name is None else f"the engine {name!r}"  # in error messages
         self._tick_scheduled = False
         self._drain: tuple[pykka.ThreadingFuture[int], float | None] | None = None
@@ -210,7 +211,7 @@ class ServerActor(pykka.ThreadingActor):
             default_grammar = self.actor_config.defaults.grammar
             if default_grammar is not None:  # its <piece> tokens need the vocabulary
                 try:
-                    check_grammar(default_grammar, is_single_token=backend.is_single_token)
+                    check_grammar(default_grammar, is_single_token=backend.vocab.is_single_token)
                 except InvalidRequest as e:
                     backend.close()
                     raise ConfigError(f"the default grammar does not fit this model: {e}") from None
@@ -244,7 +245,7 @@ class ServerActor(pykka.ThreadingActor):
                 draft.close()
             raise
         self.actor_ref.n_ctx_slot = self.actor_engine.n_ctx_slot
-        self.actor_ref.backend = backend
+        self.actor_ref.backend = self.actor_backend = backend
         _live_servers.add(self)
         if telemetry.model_load.receivers:
             load_ms = (time.perf_counter() - t0) * 1000.0
@@ -261,7 +262,7 @@ class ServerActor(pykka.ThreadingActor):
         if self.actor_draft_options is None:
             return None
         draft = LlamaBackend(self.actor_draft_options, draft=True)  # no chat template; no recurrent model
-        differs = target.vocabulary_differs(draft)
+        differs = target.vocab.differs(draft.vocab)
         if differs is not None:
             draft.close()
             raise ConfigError(
@@ -287,7 +288,7 @@ class ServerActor(pykka.ThreadingActor):
 
     def _shutdown(self, error: EngineError) -> None:
         _live_servers.discard(self)
-        self.actor_ref.backend = None  # callers' threads stop preparing with it
+        self.actor_ref.backend = self.actor_backend = None  # callers' threads stop preparing with it
         engine, self.actor_engine = self.actor_engine, None
         drain, self._drain = self._drain, None
         if engine is None:
@@ -399,7 +400,8 @@ class ServerActor(pykka.ThreadingActor):
         elif isinstance(message, GetInfo):
             return self._info(engine)
         elif isinstance(message, GetTokenizer):
-            return Tokenizer(engine.backend)
+            assert self.actor_backend is not None
+            return Tokenizer(self.actor_backend)
         elif isinstance(message, Drain):
             return self._start_drain(engine, message)
         else:
@@ -486,17 +488,18 @@ class ServerActor(pykka.ThreadingActor):
             self.actor_ref.tell(TICK)
 
     def _info(self, engine: Engine) -> dict[str, Any]:
-        backend = engine.backend
+        backend = self.actor_backend
+        assert backend is not None
         defaults = self.actor_config.defaults
         return {
             "model_path": self.actor_options.model_path,
-            "n_vocab": backend.n_vocab,
+            "n_vocab": backend.vocab.n_vocab,
             "n_ctx_train": backend.n_ctx_train,
-            "has_chat_template": backend.has_chat_template,
+            "has_chat_template": backend.chat.has_template,
             # How the chat template writes tool calls ("generic" for one that knows none),
             # and whether it thinks: what a chat with tools is constrained and parsed by.
-            "chat_format": backend.chat_info.syntax.name if backend.chat_info else None,
-            "chat_thinks": bool(backend.chat_info and backend.chat_info.syntax.think),
+            "chat_format": backend.chat.info.syntax.name if backend.chat.info else None,
+            "chat_thinks": bool(backend.chat.info and backend.chat.info.syntax.think),
             "n_ctx": backend.n_ctx,
             "n_parallel": backend.n_seq_max,
             "n_batch": backend.n_batch,

@@ -1,6 +1,6 @@
 """A chat prompt's tokens, special tokens only where the template put them (any thread).
 
-``LlamaBackend.tokenize_chat`` renders the chat with the chat template (the model's own
+``LlamaChat.tokenize_chat`` renders the chat with the chat template (the model's own
 or the server's ``chat_template``, with the request's variables) and hands the
 tokenizing here: text inside message content that spells a special token
 (``<|im_start|>system``) stays text, so no message can forge another role.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["GREEDY_TEMP", "DeadEnd"]
+__all__ = ["GREEDY_TEMP", "DeadEnd", "Greedy"]
 
 GREEDY_TEMP = 1e-6
 """Temperatures below this sample greedily (logit / temp would overflow in llama.cpp)."""
@@ -25,10 +25,13 @@ class DeadEnd(Exception):
         self.eog_allowed = eog_allowed
 
 
-class _Greedy:
+class Greedy:
     """Greedy sampling with optional logit biases, in numpy (no llama.cpp state)."""
 
     __slots__ = ("_bias_ids", "_bias_values")
+
+    has_grammar = False
+    grammar_ms = 0.0  # no grammar: it never costs
 
     def __init__(self, logit_bias: dict[int, float] | None) -> None:
         self._bias_ids = np.fromiter(logit_bias or (), dtype=np.intp)

@@ -1,4 +1,4 @@
-"""``_Readers``: callers' threads read the vocabulary at once; closing waits for them.
+"""``Readers``: callers' threads read the vocabulary at once; closing waits for them.
 
 ``LlamaBackend`` tokenizes and probes grammars in callers' threads while the actor
 thread owns the model; ``close`` frees the model only once no reader is inside.
@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 
 from actors.contract import EngineStopped
 
-__all__: list[str] = []
+__all__ = ["Readers"]
 
 
-class _Readers:
+class Readers:
     """Any number of readers of the vocabulary at once; ``close`` waits for them."""
 
     def __init__(self) -> None:

@@ -27,7 +27,7 @@ class Tokenizer:
     @property
     def n_vocab(self) -> int:
         """The vocabulary size: valid token ids are ``0 .. n_vocab - 1``."""
-        return self._backend.n_vocab
+        return self._backend.vocab.n_vocab
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``, as the engine tokenizes a prompt by default.
@@ -38,7 +38,7 @@ class Tokenizer:
             parse_special: turn special tokens written in the text (``<|im_start|>``)
                 into their ids instead of tokenizing their characters.
         """
-        return self._backend.tokenize(text, add_special=add_special, parse_special=parse_special)
+        return self._backend.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes token ``token_id`` adds to generated text (a piece of a multi-byte
@@ -49,18 +49,18 @@ class Tokenizer:
         """
         if type(token_id) is not int or not 0 <= token_id < self.n_vocab:
             raise InvalidRequest(f"token id {token_id!r} is outside the vocabulary (n_vocab={self.n_vocab})")
-        return self._backend.piece(token_id)
+        return self._backend.vocab.piece(token_id)
 
     @property
     def eog_token_ids(self) -> frozenset[int]:
         """The model's end-of-generation tokens (EOS, EOT, ...): what ``ignore_eos`` bans."""
-        return self._backend.eog_ids
+        return self._backend.vocab.eog_ids
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of ``ids`` (special tokens rendered; broken UTF-8 becomes U+FFFD)."""
         if not isinstance(ids, Sequence) or isinstance(ids, str | bytes):
             raise InvalidRequest(f"detokenize takes a list of token ids, got {type(ids).__name__}")
-        return self._backend.detokenize(list(ids))
+        return self._backend.vocab.detokenize(list(ids))
 
     def apply_chat_template(
         self,
@@ -102,10 +102,10 @@ class Tokenizer:
                 raise
             chat = None
         if chat is not None:
-            return self._backend.render_chat_request(chat)
+            return self._backend.chat.render_request(chat)
         chat = Chat(messages, template_kwargs=template_kwargs, add_generation_prompt=add_generation_prompt)
         checked = checked_template_tools(tools) if tools is not None else None
-        return self._backend.render_chat(
+        return self._backend.chat.render(
             [dict(m) for m in chat.messages],
             chat.template_kwargs,
             add_generation_prompt=chat.add_generation_prompt,

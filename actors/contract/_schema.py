@@ -73,7 +73,7 @@ def grammar_for_schema(schema: Mapping[str, Any], convert: Callable[[Mapping[str
     """``check_schema``, then ``convert(schema)``, then ``check_grammar`` on the result.
 
     Runs in the caller's thread. ``convert`` is the JSON-Schema-to-GBNF converter, e.g.
-    ``LlamaBackend.json_schema_grammar`` (pure Python, safe in any thread).
+    ``LlamaSampling.json_schema_grammar`` (pure Python, safe in any thread).
 
     Returns:
         The GBNF grammar, checked.

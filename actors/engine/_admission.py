@@ -74,12 +74,14 @@ class Admission(ForwardPass):
         prompt = list(prepared.prompt)
         if not prompt:
             raise InvalidRequest("prompt tokenizes to nothing")
-        if max(prompt) >= backend.n_vocab or min(prompt) < 0:
-            bad = next(t for t in prompt if not 0 <= t < backend.n_vocab)
-            raise InvalidRequest(f"token id {bad} is outside the vocabulary (n_vocab={backend.n_vocab})")
+        if max(prompt) >= backend.vocab.n_vocab or min(prompt) < 0:
+            bad = next(t for t in prompt if not 0 <= t < backend.vocab.n_vocab)
+            raise InvalidRequest(
+                f"token id {bad} is outside the vocabulary (n_vocab={backend.vocab.n_vocab})"
+            )
         prompt = fit_prompt(prompt, message, self.n_ctx_slot)
         bias = dict(message.logit_bias) if message.logit_bias else None
-        if bias and max(bias) >= backend.n_vocab:
+        if bias and max(bias) >= backend.vocab.n_vocab:
             raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
         free = [slot for slot in self.slots if slot.state is SlotState.IDLE]
         if len(self.waiting) + max(0, n - len(free)) > self.config.max_queue or (
@@ -134,7 +136,7 @@ class Admission(ForwardPass):
         message = prepared.message
         if index and params.seed is not None:
             params = dataclasses.replace(params, seed=(params.seed + index) % _SEEDS)
-        sampler = self.backend.make_sampler(params, bias, prompt, prepared.triggers)
+        sampler = self.backend.sampling.make(params, bias, prompt, prepared.triggers)
         request = Request(message, prompt, params, self._arrivals, sampler, future, reply_to, index=index)
         request.text = TextStream(message.stop or (), message.min_tokens)
         if prepared.reply is not None:
@@ -157,7 +159,7 @@ class Admission(ForwardPass):
     def _shown(self, reply: ReplySpec) -> frozenset[int]:
         """The special tokens that spell one of the reply's markers: their text is shown
         to the parser (a special token's text is otherwise empty)."""
-        tokens = (self.backend.special_token(word) for word in reply.markers)
+        tokens = (self.backend.vocab.special_token(word) for word in reply.markers)
         return frozenset(t for t in tokens if t is not None)
 
     def _stalled(self, message: RequestMessage) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from actors.backend import LlamaBackend, put_rows
+from actors.backend import Backend, put_rows
 from actors.engine._draft_cells import DraftCells, common_prefix, fair_shares, request_tail
 from actors.engine._speculative import Draft, Drafter, DraftWant
 
@@ -73,7 +73,7 @@ class ModelDrafter(Drafter):
     Args:
         backend: the draft model's own context, ``n_seq_max`` at least the engine's
             slots, its vocabulary checked against the target's
-            (``LlamaBackend.vocabulary_differs``).
+            (``LlamaVocab.differs``).
         n_ctx_slot: the positions a slot may hold; a request past them (it shifted its
             context), or past the positions the draft model was trained on, gets no
             drafts, and its sequence is dropped.
@@ -87,9 +87,7 @@ class ModelDrafter(Drafter):
 
     costly = True
 
-    def __init__(
-        self, backend: LlamaBackend, n_ctx_slot: int, p_min: float = 0.0, chunk_size: int = 512
-    ) -> None:
+    def __init__(self, backend: Backend, n_ctx_slot: int, p_min: float = 0.0, chunk_size: int = 512) -> None:
         self.backend = backend
         self.n_ctx_slot = n_ctx_slot
         # Positions past what the draft model was trained on make drafts that are noise.
@@ -154,7 +152,7 @@ class ModelDrafter(Drafter):
             if take == 0:
                 continue
             start = len(seq.held) + seq.fed
-            put_rows(backend, n, seq.seq_id, tokens[:take], start, logits=False)
+            put_rows(backend.rows, n, seq.seq_id, tokens[:take], start, logits=False)
             if seq.draft:
                 seq.fed += take
             else:
@@ -162,7 +160,7 @@ class ModelDrafter(Drafter):
             self._cells.grow(seq.cells, take)
             batch.append(seq)
             if take == len(tokens):
-                backend.logits[n + take - 1] = 1
+                backend.rows.logits[n + take - 1] = 1
                 rows.append((seq, n + take - 1, wanted))
             n += take
         while n:
@@ -171,19 +169,19 @@ class ModelDrafter(Drafter):
             n = 0
             going = []
             for seq, row, wanted in rows:
-                token, p = backend.top_token(row)
+                token, p = backend.sampling.top_token(row)
                 if p < self.p_min:
                     seq.stopped = True
                     continue
                 seq.draft.append(token)
-                if token in backend.eog_ids:
+                if token in backend.vocab.eog_ids:
                     seq.stopped = True
                 elif len(seq.draft) < wanted:
                     going.append((seq, wanted))
             rows, batch = [], []
             # A draft the context has no room to feed stops where it is (shorter, not lost).
             for row, (seq, wanted) in enumerate(going[: self._room(len(going))]):
-                put_rows(backend, row, seq.seq_id, seq.draft[-1:], len(seq.held) + seq.fed, logits=True)
+                put_rows(backend.rows, row, seq.seq_id, seq.draft[-1:], len(seq.held) + seq.fed, logits=True)
                 seq.fed += 1
                 self._cells.grow(seq.cells, 1)
                 batch.append(seq)
@@ -251,11 +249,11 @@ class ModelDrafter(Drafter):
             if old is not None:
                 self._clear(old)
             else:
-                self.backend.seq_clear(want.seq_id)
+                self.backend.kv.clear(want.seq_id)
             cells: list[int] = []
             if best is not None and n_best:
                 cells = self._cells.share(best.cells[:n_best])
-                self.backend.seq_copy(best.seq_id, want.seq_id, 0, n_best)
+                self.backend.kv.copy(best.seq_id, want.seq_id, 0, n_best)
             seq = _Sequence(want.seq_id, want.owner, tokens[: len(cells)], cells)
         seq.t_start = self._calls
         self._seqs[want.seq_id] = seq
@@ -264,7 +262,7 @@ class ModelDrafter(Drafter):
     def _trim(self, seq: _Sequence, keep: int) -> bool:
         """Keep ``seq``'s first ``keep`` positions (its fed draft tokens go too); when
         llama.cpp refuses, the sequence is cleared and starts over (False)."""
-        if self.backend.seq_trim(seq.seq_id, keep):
+        if self.backend.kv.trim(seq.seq_id, keep):
             del seq.held[keep:]
             seq.fed = min(seq.fed, max(0, keep - len(seq.held)))
             self._cells.cut(seq.cells, keep)
@@ -274,7 +272,7 @@ class ModelDrafter(Drafter):
         return False
 
     def _clear(self, seq: _Sequence) -> None:
-        self.backend.seq_clear(seq.seq_id)
+        self.backend.kv.clear(seq.seq_id)
         self._cells.cut(seq.cells, 0)
         seq.held, seq.draft, seq.fed = [], [], 0
 
@@ -339,10 +337,10 @@ class ModelDrafter(Drafter):
         cells' worth of sequences outside the pass and try once more; on any other
         failure, or a second, forget every sequence and draft nothing this tick."""
         self.n_passes += 1
-        code = self.backend.decode(0, n)
+        code = self.backend.rows.decode(0, n)
         if code == _NO_KV_SPACE and self._evict(n, {seq.seq_id for seq in batch}):
             self.n_passes += 1
-            code = self.backend.decode(0, n)
+            code = self.backend.rows.decode(0, n)
         if code == 0:
             return True
         self.n_failures += 1

@@ -5,7 +5,7 @@ every row of a batch (logits too), so generation's prefill rows would all comput
 logits; and llama-server too runs embedding batches apart. A tick with embedding work
 runs one pass before generation's batch: texts of several requests packed into one
 batch of at most ``MAX_PASS_ROWS`` rows (and ``n_batch``), each text in its own
-sequence (an embedding lane, :attr:`LlamaBackend.embed_seq_ids`), every row an output;
+sequence (an embedding lane, :attr:`Backend.embed_seq_ids`), every row an output;
 a longer text goes alone, one chunk a tick, in the same sequence (the model is causal:
 each chunk attends to the cells of the ones before). While slots generate, a pass holds
 the rows the strategy allows (``BatchStrategy.embed_rows``: by default what costs about
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from actors.backend import LlamaBackend, put_rows
+from actors.backend import Backend, put_rows
 from actors.contract import (
     POOLINGS,
     DecodeError,
@@ -66,7 +66,7 @@ class PreparedEmbed:
     pooling: Pooling
 
 
-def prepare_embed(backend: LlamaBackend, message: Embed, limit: int) -> PreparedEmbed:
+def prepare_embed(backend: Backend, message: Embed, limit: int) -> PreparedEmbed:
     """Tokenize the texts as prompts are tokenized, check them, resolve the pooling
     (thread-safe: any thread).
 
@@ -81,12 +81,14 @@ def prepare_embed(backend: LlamaBackend, message: Embed, limit: int) -> Prepared
         )
     texts = []
     for i, text in enumerate(message.texts):
-        tokens = tuple(backend.tokenize(text)) if isinstance(text, str) else tuple(text)
+        tokens = tuple(backend.vocab.tokenize(text)) if isinstance(text, str) else tuple(text)
         if not tokens:
             raise InvalidRequest(f"texts[{i}] tokenizes to nothing")
-        if max(tokens) >= backend.n_vocab:
-            bad = next(t for t in tokens if t >= backend.n_vocab)
-            raise InvalidRequest(f"token id {bad} is outside the vocabulary (n_vocab={backend.n_vocab})")
+        if max(tokens) >= backend.vocab.n_vocab:
+            bad = next(t for t in tokens if t >= backend.vocab.n_vocab)
+            raise InvalidRequest(
+                f"token id {bad} is outside the vocabulary (n_vocab={backend.vocab.n_vocab})"
+            )
         if len(tokens) > limit:
             raise PromptTooLong(
                 f"input is too large to process: texts[{i}] is {len(tokens)} tokens, over a slot's "
@@ -148,7 +150,7 @@ class Embedder:
     """
 
     def __init__(
-        self, backend: LlamaBackend, max_queue: int, make_room: Callable[[int], bool], cells: CellLedger
+        self, backend: Backend, max_queue: int, make_room: Callable[[int], bool], cells: CellLedger
     ) -> None:
         self.backend = backend
         self.max_queue = max_queue
@@ -175,7 +177,7 @@ class Embedder:
         message = prepared.message
         if any(job.request_id == message.request_id for job in self.queue):
             raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
-        n_vocab = self.backend.n_vocab
+        n_vocab = self.backend.vocab.n_vocab
         for tokens in prepared.texts:  # prepared in another thread: checked again, cheaply
             if not tokens or max(tokens) >= n_vocab or min(tokens) < 0:
                 raise InvalidRequest(
@@ -213,14 +215,14 @@ class Embedder:
         text = self.long
         if text is None or text.fed == 0:
             return False
-        self.backend.seq_clear(text.lane)
+        self.backend.kv.clear(text.lane)
         self.cells.clear(text.lane)
         text.fed, text.first, text.last, text.total = 0, None, None, None
         return True
 
     def _free_long(self) -> None:
         assert self.long is not None
-        self.backend.seq_clear(self.long.lane)
+        self.backend.kv.clear(self.long.lane)
         self.cells.clear(self.long.lane)
         self.long = None
 
@@ -252,7 +254,7 @@ class Embedder:
             code = self._decode(texts)
         finally:
             for text in texts:
-                self.backend.seq_clear(text.lane)
+                self.backend.kv.clear(text.lane)
         if code != 0:
             error = DecodeError(f"llama_decode failed with code {code} in an embedding pass")
             for job in {id(t.job): t.job for t in texts}.values():
@@ -328,10 +330,10 @@ class Embedder:
     def _decode_rows(self, n_rows: int) -> tuple[int, npt.NDArray[np.float32] | None]:
         """``decode_embeddings``, its rows counted in :attr:`pass_rows`."""
         self.pass_rows = n_rows
-        return self.backend.decode_embeddings(n_rows)
+        return self.backend.rows.decode_embeddings(n_rows)
 
     def _lay_out(self, row: int, lane: int, tokens: tuple[int, ...], pos: int) -> None:
-        put_rows(self.backend, row, lane, tokens, pos, logits=True)
+        put_rows(self.backend.rows, row, lane, tokens, pos, logits=True)
 
     @staticmethod
     def _accumulate(text: _Text, rows: npt.NDArray[np.float32]) -> None:

@@ -331,7 +331,7 @@ class Engine(Admission):
             "slots": tuple(self._slot_sample(slot) for slot in self.slots),
             # What llama.cpp itself holds per slot (its highest position + 1): equal to
             # each slot's kv_tokens unless cells leaked (a draft's, say).
-            "kv_positions": tuple(self.backend.seq_pos_max(slot.seq_id) + 1 for slot in self.slots),
+            "kv_positions": tuple(self.backend.kv.pos_max(slot.seq_id) + 1 for slot in self.slots),
         }
 
 

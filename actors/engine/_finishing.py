@@ -122,7 +122,7 @@ class Finishing(EngineState):
         if request.deadline is not None:
             self._n_deadlines -= 1
             request.deadline = None
-        self.backend.free_sampler(request.sampler)
+        self.backend.sampling.free(request.sampler)
         request.t_finished = time.monotonic()
 
     def _deliver(self, request: Request, completion: Completion) -> None:

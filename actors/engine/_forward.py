@@ -57,7 +57,7 @@ class ForwardPass(Sampling):
             return
         start, end = live[0].start, live[-1].end
         t0 = time.perf_counter()
-        code = self.backend.decode(start, end)
+        code = self.backend.rows.decode(start, end)
         elapsed = time.perf_counter() - t0
         self._eval_s += elapsed
         if code == _DECODE_OK:
@@ -91,7 +91,7 @@ class ForwardPass(Sampling):
         fails fails its siblings), and the KV a decoded row wrote must be on the books
         before a slot is dropped. A row whose request ended meanwhile is not sampled.
         """
-        tokens = self.backend.tokens
+        tokens = self.backend.rows.tokens
         owners: list[Request | None] = []
         for segment in segments:
             slot = segment.slot
@@ -146,7 +146,7 @@ class ForwardPass(Sampling):
                 self.memory.computed(slot, [token])
         finally:
             # Draft cells past what the slot holds: never on the books, dropped now.
-            self.backend.seq_trim(slot.seq_id, len(slot.cached))
+            self.backend.kv.trim(slot.seq_id, len(slot.cached))
             self.draft_tokens += len(drafts)
             self.draft_accepted += accepted
             self._drafted_now += len(drafts)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.backend import LlamaBackend
+from actors.backend import Backend
 from actors.engine._cells import CellLedger
 from actors.engine._prefix import PrefixIndex, PrefixMatch
 from actors.engine._slots import Request, Slot
@@ -120,7 +120,7 @@ class KVMemory:
     """
 
     def __init__(
-        self, backend: LlamaBackend, cache_prompt: bool, ram_budget_bytes: int, emit: Emit, share: bool = True
+        self, backend: Backend, cache_prompt: bool, ram_budget_bytes: int, emit: Emit, share: bool = True
     ) -> None:
         self.backend = backend
         self.cache_prompt = cache_prompt
@@ -146,7 +146,7 @@ class KVMemory:
         if keep >= len(slot.cached):
             return len(slot.cached)
         self.save(slot)
-        if keep == 0 or not self.backend.seq_trim(slot.seq_id, keep):
+        if keep == 0 or not self.backend.kv.trim(slot.seq_id, keep):
             self.drop(slot)
             return 0
         self.cells.trim(slot.seq_id, keep)
@@ -157,7 +157,7 @@ class KVMemory:
 
     def drop(self, slot: Slot) -> None:
         """Drop a slot's KV without saving it (half written, shifted or private)."""
-        self.backend.seq_clear(slot.seq_id)
+        self.backend.kv.clear(slot.seq_id)
         self.cells.clear(slot.seq_id)
         self.index.remove(slot.seq_id)
         slot.cached.clear()
@@ -172,7 +172,7 @@ class KVMemory:
         seq, n_past = slot.seq_id, len(slot.cached)
         if self.cells.shared(seq, n_keep + n_discard, n_past) and not self._own(slot):
             return False
-        self.backend.seq_shift(seq, n_keep, n_discard, n_past)
+        self.backend.kv.shift(seq, n_keep, n_discard, n_past)
         self.cells.shift(seq, n_keep, n_discard)
         del slot.cached[n_keep : n_keep + n_discard]
         if seq in self.index:  # later positions no longer match a fresh prefill
@@ -185,13 +185,13 @@ class KVMemory:
         seq, n = slot.seq_id, len(slot.cached)
         if self.backend.n_ctx - (self.cells.used - self.cells.private(seq)) < n:
             return False
-        state = self.backend.seq_save(seq)
-        self.backend.seq_clear(seq)
+        state = self.backend.kv.save(seq)
+        self.backend.kv.clear(seq)
         self.cells.clear(seq)
-        if self.backend.seq_restore(seq, state):
+        if self.backend.kv.restore(seq, state):
             self.cells.compute(seq, n)
             return True
-        self.backend.seq_clear(seq)  # whatever a failed load left
+        self.backend.kv.clear(seq)  # whatever a failed load left
         self.index.remove(seq)
         slot.cached.clear()
         return False
@@ -237,7 +237,7 @@ class KVMemory:
             n_reuse = restored
         elif donor is not None and n_donor > own:
             own = self._trim(slot, own)
-            self.backend.seq_copy(donor, slot.seq_id, own, n_donor)
+            self.backend.kv.copy(donor, slot.seq_id, own, n_donor)
             self.cells.copy(donor, slot.seq_id, n_donor)
             slot.cached[own:] = prompt[own:n_donor]
             n_reuse = n_donor
@@ -258,7 +258,7 @@ class KVMemory:
         prompt = request.context
         slot = self._target(idle, [], request, reuse=False)
         self._trim(slot, 0)
-        self.backend.seq_copy(source.seq_id, slot.seq_id, 0, len(prompt))
+        self.backend.kv.copy(source.seq_id, slot.seq_id, 0, len(prompt))
         self.cells.copy(source.seq_id, slot.seq_id, len(prompt))
         slot.cached[:] = prompt
         slot.scope, slot.session, slot.shifted = request.scope, request.session, False
@@ -308,8 +308,8 @@ class KVMemory:
         if self.free_cells < need and (make_room is None or not make_room(need, spare)):
             return 0
         slot.scope = entry.scope  # what it holds from here on, before anything saves it
-        if not self.backend.seq_restore(slot.seq_id, entry.state):
-            self.backend.seq_clear(slot.seq_id)  # whatever a failed load left
+        if not self.backend.kv.restore(slot.seq_id, entry.state):
+            self.backend.kv.clear(slot.seq_id)  # whatever a failed load left
             return 0
         slot.cached = list(entry.tokens)
         self.cells.compute(slot.seq_id, len(entry.tokens))
@@ -320,8 +320,8 @@ class KVMemory:
 
     def _adopt(self, donor: int, slot: Slot, n: int) -> None:
         """The slot's first ``n`` cells become the donor's (it holds the same tokens there)."""
-        if self.backend.seq_remove(slot.seq_id, 0, n):
-            self.backend.seq_copy(donor, slot.seq_id, 0, n)
+        if self.backend.kv.remove(slot.seq_id, 0, n):
+            self.backend.kv.copy(donor, slot.seq_id, 0, n)
             self.cells.adopt(donor, slot.seq_id, n)
 
     @property
@@ -374,7 +374,7 @@ class KVMemory:
             or self.ram.covers(slot.scope, slot.cached)
         ):
             return
-        entry = RamEntry(slot.scope, list(slot.cached), self.backend.seq_save(slot.seq_id))
+        entry = RamEntry(slot.scope, list(slot.cached), self.backend.kv.save(slot.seq_id))
         for evicted in self.ram.add(entry):
             self._ram_event("evict", evicted)
         if entry.key in self.ram.entries:

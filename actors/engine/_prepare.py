@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from actors.backend import LlamaBackend, Triggers
+from actors.backend import Backend, Triggers
 from actors.chat import ReplySpec, Syntax, ToolGrammar, write_calls
 from actors.contract import (
     Chat,
@@ -90,7 +90,7 @@ def fit_prompt(prompt: list[int], message: RequestMessage, limit: int) -> list[i
     return prompt[:n_keep] + prompt[n_keep + n_blocks * block :]
 
 
-def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = None) -> Prepared:
+def prepare(backend: Backend, message: RequestMessage, limit: int | None = None) -> Prepared:
     """Tokenize ``message``'s prompt and resolve its grammar (thread-safe: any thread).
 
     ``limit`` is a slot's context (``n_ctx_per_slot``): a prompt too long for it is
@@ -104,9 +104,9 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
     reply: ReplySpec | None = None
     try:
         if isinstance(message, Chat | StreamChat):
-            prompt, tools, reply = backend.chat_prompt(message)
+            prompt, tools, reply = backend.chat.prompt(message)
         elif hasattr(message, "prompt"):
-            prompt = backend.tokenize(message.prompt)
+            prompt = backend.vocab.tokenize(message.prompt)
         else:  # checked by the constructor; again, for a message changed since
             prompt = list(checked_tokens(message.tokens))
         if not prompt:
@@ -120,13 +120,13 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
             if tools.lazy:
                 triggers = _triggers(backend, tools)
         elif message.json_schema is not None:
-            grammar = grammar_for_schema(dict(message.json_schema), backend.json_schema_grammar)
+            grammar = grammar_for_schema(dict(message.json_schema), backend.sampling.json_schema_grammar)
         if grammar is not None:
-            check_grammar(grammar, is_single_token=backend.is_single_token)
+            check_grammar(grammar, is_single_token=backend.vocab.is_single_token)
             bias = dict(message.logit_bias) if message.logit_bias else None
-            if bias and max(bias) >= backend.n_vocab:
+            if bias and max(bias) >= backend.vocab.n_vocab:
                 raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
-            cost_ms = backend.probe_grammar(grammar, bias)
+            cost_ms = backend.sampling.probe_grammar(grammar, bias)
             if cost_ms > MAX_GRAMMAR_MS_PER_TOKEN:
                 raise InvalidRequest(
                     f"the grammar costs {cost_ms:.0f} ms per token (the limit is "
@@ -152,27 +152,27 @@ def prepare(backend: LlamaBackend, message: RequestMessage, limit: int | None = 
         if budget is not None:
             note = getattr(message, "reasoning_budget_message", None)
             close = (note + "\n" if note else "") + reply.syntax.think[1]
-            budget_tokens = tuple(backend.tokenize(close, add_special=False, parse_special=True))
+            budget_tokens = tuple(backend.vocab.tokenize(close, add_special=False, parse_special=True))
     return Prepared(message, tuple(prompt), grammar, triggers, reply, budget, budget_tokens)
 
 
-def _call_cost(backend: LlamaBackend, syntax: Syntax, message: Chat | StreamChat) -> int:
+def _call_cost(backend: Backend, syntax: Syntax, message: Chat | StreamChat) -> int:
     """Tokens a required call needs after thinking: the thinking's close, the call's
     markers (written with no arguments) and :data:`CALL_ROOM` tokens of arguments."""
     assert syntax.think is not None and message.tools
     name = str(message.tools[0]["function"]["name"])
     markup = syntax.think[1] + write_calls(dataclasses.replace(syntax, think=None), [(name, {})])
-    return len(backend.tokenize(markup, add_special=False, parse_special=True)) + CALL_ROOM
+    return len(backend.vocab.tokenize(markup, add_special=False, parse_special=True)) + CALL_ROOM
 
 
-def _triggers(backend: LlamaBackend, grammar: ToolGrammar) -> Triggers:
+def _triggers(backend: Backend, grammar: ToolGrammar) -> Triggers:
     """What wakes the lazy grammar: the token of each trigger word that is one token
     (as llama.cpp does: the model writes its markers as the tokens it was trained on),
     else the word's pattern. A pattern is searched in the whole reply so far at every
     token, a cost that grows with the reply; a token costs nothing."""
     tokens = []
     for word in grammar.trigger_words:
-        ids = backend.tokenize(word, add_special=False, parse_special=True)
+        ids = backend.vocab.tokenize(word, add_special=False, parse_special=True)
         if len(ids) == 1:
             tokens.append(ids[0])
     if len(tokens) == len(grammar.trigger_words) and tokens:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 
-from actors.backend import DeadEnd, SamplerChain
+from actors.backend import DeadEnd
 from actors.contract import InvalidRequest, Progress, Token, TokenLogprob, TopLogprob
 from actors.engine._finishing import Finishing
 from actors.engine._prepare import MAX_GRAMMAR_MS_PER_TOKEN
@@ -49,14 +49,16 @@ class Sampling(Finishing):
         log_softmax = None
         post = message.post_sampling_probs
         if request.logprobs is not None and not post:  # from the raw logits, before any ban or bias
-            log_softmax, top = self.backend.logprobs(index, message.logprobs or 0)
+            log_softmax, top = self.backend.sampling.logprobs(index, message.logprobs or 0)
         ban_eog = message.ignore_eos or len(request.token_ids) < message.min_tokens
         forced = self._forced(request)
         if forced is None:
             forced = self._closing(request, ban_eog)
         try:
             token = (
-                forced if forced is not None else self.backend.sample(request.sampler, index, ban_eog=ban_eog)
+                forced
+                if forced is not None
+                else self.backend.sampling.sample(request.sampler, index, ban_eog=ban_eog)
             )
         except DeadEnd as dead_end:
             if dead_end.eog_allowed:  # only the end is allowed: min_tokens/ignore_eos yield
@@ -79,16 +81,18 @@ class Sampling(Finishing):
             )
             return None
         logprob = None
-        if request.logprobs is not None and token not in self.backend.eog_ids:
+        if request.logprobs is not None and token not in self.backend.vocab.eog_ids:
             if post and forced is not None:  # forced (a thinking budget's close): certain
                 chosen, top = 0.0, [(token, 0.0)]
             elif post:  # what the chain drew from: read before anything samples again
-                prob, probs = self.backend.sampled_probs(request.sampler, token, message.logprobs or 0)
+                prob, probs = self.backend.sampling.sampled_probs(
+                    request.sampler, token, message.logprobs or 0
+                )
                 chosen, top = _log(prob), [(t, _log(p)) for t, p in probs]
             else:
                 assert log_softmax is not None
                 chosen = float(log_softmax[token])
-            piece = self.backend.piece
+            piece = self.backend.vocab.piece
             logprob = TokenLogprob(
                 token,
                 piece(token).decode("utf-8", "replace"),
@@ -109,7 +113,7 @@ class Sampling(Finishing):
         if not request.forced:
             return None
         token = request.forced.pop(0)
-        if self.backend.force(request.sampler, token):
+        if self.backend.sampling.force(request.sampler, token):
             return token
         request.forced.clear()  # the grammar refuses the close: let the model go on
         return None
@@ -121,7 +125,7 @@ class Sampling(Finishing):
         or the end of the turn between calls; None: sample as usual (the grammar leads
         the way through what no suffix can skip, such as a required key)."""
         reply, sampler = request.reply, request.sampler
-        if reply is None or not isinstance(sampler, SamplerChain) or sampler.grammar is None:
+        if reply is None or not sampler.has_grammar:
             return None
         n = len(request.token_ids)
         left = request.message.max_tokens - n
@@ -141,7 +145,7 @@ class Sampling(Finishing):
         reserve = request.call_tokens if between else 0
         text = reply.closing() if reply.in_call else ""
         if text:
-            tokenize = self.backend.tokenize
+            tokenize = self.backend.vocab.tokenize
             need = len(tokenize(text, add_special=False, parse_special=True))
             if left > max(need, reserve) + CLOSE_MARGIN:
                 return None
@@ -150,12 +154,12 @@ class Sampling(Finishing):
                 ids = tokenize(text[:end], add_special=False, parse_special=True)
                 if ids and ids[0] not in tried:
                     tried.add(ids[0])
-                    if self.backend.force(sampler, ids[0]):
+                    if self.backend.sampling.force(sampler, ids[0]):
                         return ids[0]
             return None
         if text == "" and between and not ban_eog and left <= reserve + CLOSE_MARGIN:
-            for eog in sorted(self.backend.eog_ids):
-                if self.backend.force(sampler, eog):
+            for eog in sorted(self.backend.vocab.eog_ids):
+                if self.backend.sampling.force(sampler, eog):
                     return eog
         return None
 
@@ -174,7 +178,7 @@ class Sampling(Finishing):
     def _too_costly(request: Request) -> bool:
         """The request's grammar took over the limit for several tokens in a row."""
         sampler = request.sampler
-        if not isinstance(sampler, SamplerChain) or not sampler.has_grammar:
+        if not sampler.has_grammar:
             return False
         if sampler.grammar_ms <= MAX_GRAMMAR_MS_PER_TOKEN:
             request.grammar_strikes = 0
@@ -189,13 +193,17 @@ class Sampling(Finishing):
         if request.t_first_token is None:
             request.t_first_token = now
         slot.state = SlotState.GENERATING
-        if token in self.backend.eog_ids:
+        if token in self.backend.vocab.eog_ids:
             self._finish(slot, "eog")
             return
         request.token_ids.append(token)
         if request.logprobs is not None and logprob is not None:
             request.logprobs.append(logprob)
-        piece = self.backend.special_piece(token) if token in request.shown else self.backend.piece(token)
+        piece = (
+            self.backend.vocab.special_piece(token)
+            if token in request.shown
+            else self.backend.vocab.piece(token)
+        )
         text, stop = request.text.push(piece)
         if request.reply is None:
             request.pieces.append(text)
@@ -228,7 +236,7 @@ class Sampling(Finishing):
 
     def _shift(self, slot: Slot) -> bool:
         """Make room for the next token: keep ``n_keep``, drop half the rest (llama.cpp's rule)."""
-        if not (self.config.context_shift and self.backend.can_shift):
+        if not (self.config.context_shift and self.backend.kv.can_shift):
             return False
         request = slot.request
         assert request is not None

@@ -184,7 +184,7 @@ class CostModel:
         self._level = 1.0  # the ticks over that line
 
     def calibrate(self, timings: Mapping[int, float]) -> None:
-        """Passes of these sizes took these ms (``LlamaBackend.time_passes``)."""
+        """Passes of these sizes took these ms (``LlamaRows.time_passes``)."""
         points = [(n, ms) for n, ms in timings.items() if n >= 1 and ms > 0]
         self._one = next((ms for n, ms in points if n == 1), self._one)
         larger = [(float(n), ms) for n, ms in points if n >= 2]

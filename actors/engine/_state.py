@@ -11,7 +11,7 @@ from collections import deque
 from typing import Any
 
 import telemetry
-from actors.backend import LlamaBackend
+from actors.backend import Backend
 from actors.contract import SamplingParams
 from actors.engine._batch import BatchArrays
 from actors.engine._draft_model import ModelDrafter
@@ -80,10 +80,10 @@ class EngineState:
 
     def __init__(
         self,
-        backend: LlamaBackend,
+        backend: Backend,
         config: EngineConfig,
         sender: Any,
-        draft_backend: LlamaBackend | None = None,
+        draft_backend: Backend | None = None,
     ) -> None:
         self.backend = backend
         self.config = config
@@ -93,7 +93,9 @@ class EngineState:
         self.requests: dict[str, Request] = {}  # by Request.key: a choice i > 0 is "id#i"
         self.choices: dict[str, Choices] = {}  # requests with n > 1, by request id
         self._arrivals = 0
-        self._arrays = BatchArrays(backend.tokens, backend.pos, backend.seq_ids, backend.logits)
+        self._arrays = BatchArrays(
+            backend.rows.tokens, backend.rows.pos, backend.rows.seq_ids, backend.rows.logits
+        )
         self._eval_s = 0.0  # time inside llama_decode this tick
         self.generation_ms = 0.0  # a generating tick's time lately, with the actor's between ticks
         self._generated_at = 0.0  # when the last tick's embedding part ended, if it generated
@@ -127,7 +129,7 @@ class EngineState:
         self.cost = CostModel()
         if self.drafter is not None:  # price draft rows by this machine's passes, not a guess
             sizes = [n for n in CostModel.CALIBRATE if n <= self.n_ctx_slot]
-            self.cost.calibrate(backend.time_passes(sizes, self.slots[0].seq_id))
+            self.cost.calibrate(backend.rows.time_passes(sizes, self.slots[0].seq_id))
         self.embedder = Embedder(backend, config.max_queue, self._room_for_embeddings, self.memory.cells)
         self.draft_idle = 0  # ticks since a costly drafter's drafts were last verified
         self.draft_tokens = 0
