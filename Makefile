@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-smoke compat clients clean
+.PHONY: install demo test test-fast lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-smoke compat clients clean
 
 # llama.cpp compiles for this CPU (GGML_NATIVE) but without AMX: on a Sapphire Rapids
 # VM ggml's AMX matmul kills the process at its first ldtilecfg (seen 2026-12-02, in
@@ -47,6 +47,15 @@ demo: install
 
 test: install lint
 	$(PY) -m pytest
+
+# The tests that need no model (the engine on a scripted backend, the chat formats,
+# the plans, caches and parsers), in under a minute; any of them asking for the model
+# fails (LLAMA_CPP_ACTORS_NO_MODEL).
+FAST_TESTS = tests/test_engine_fake.py tests/test_draft_model.py tests/test_batch.py \
+	tests/test_cells.py tests/test_output.py tests/test_prefix_index.py tests/test_strategies.py \
+	tests/test_messages.py tests/test_chat_formats.py
+test-fast: install
+	LLAMA_CPP_ACTORS_NO_MODEL=1 $(PY) -m pytest -q $(FAST_TESTS)
 
 lint: install
 	$(PY) -m ruff check actors strategies telemetry examples tests bench

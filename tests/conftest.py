@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +15,8 @@ from actors import ServerActor, default_model_path
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
+    if os.environ.get("LLAMA_CPP_ACTORS_NO_MODEL"):  # make test-fast: no test there may load it
+        pytest.fail("this test needs the model; it does not belong in make test-fast")
     return default_model_path()
 
 

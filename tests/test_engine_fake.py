@@ -1,0 +1,263 @@
+"""The engine on a scripted backend (``tests/fake_backend.py``): no model, milliseconds.
+
+Scheduling, KV pressure, preemption, prefix sharing, speculation accounting and
+finishing, each checked against the solo run of the fake model: a request's tokens must
+not depend on which slots, cells, batches or cache paths served it, and the fake KV
+cache asserts what llama.cpp would abort on. As vLLM tests its scheduler without GPUs.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Sequence
+from typing import Any
+
+import pykka
+import pytest
+from fake_backend import EOG, FakeBackend, solo
+
+from actors.contract import (
+    Completion,
+    Done,
+    GenerateTokens,
+    InvalidRequest,
+    QueueFull,
+    SamplingParams,
+    StrategyError,
+    StreamTokens,
+    Token,
+)
+from actors.engine import Engine, EngineConfig, prepare
+from strategies import Balanced, BatchPlan, DecodeMaximal, PrefillPriority
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Sender:
+    """What the engine names as the sender of its signals, and tells about stalls."""
+
+    def __init__(self) -> None:
+        self.told: list[Any] = []
+
+    def tell(self, message: Any) -> None:
+        self.told.append(message)
+
+
+def engine(backend: FakeBackend | None = None, **config: Any) -> Engine:
+    options: dict[str, Any] = {
+        "chunk_size": 16,
+        "max_queue": 8,
+        "cache_prompt": True,
+        "batch_strategy": DecodeMaximal(),
+        "defaults": SamplingParams(temp=0.0),
+        **config,
+    }
+    return Engine(backend or FakeBackend(), EngineConfig(**options), Sender())
+
+
+def submit(e: Engine, tokens: Sequence[int], **options: Any) -> pykka.ThreadingFuture[Any]:
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    message = GenerateTokens(tuple(tokens), temp=0, **options)
+    e.admit(prepare(e.backend, message, e.n_ctx_slot), future=future)
+    return future
+
+
+def run(e: Engine, ticks: int = 10_000) -> int:
+    n = 0
+    while e.has_work:
+        e.step()
+        n += 1
+        assert n < ticks, "the engine does not finish"
+    return n
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [1 + (seed * 7 + i * 3) % 30 for i in range(n)]
+
+
+def result(future: pykka.ThreadingFuture[Any]) -> Completion:
+    value = future.get(timeout=0)
+    assert isinstance(value, Completion)
+    return value
+
+
+# -- scheduling --------------------------------------------------------------------
+
+
+def test_each_request_gets_its_solo_run_whatever_the_batch() -> None:
+    e = engine()
+    prompts = [prompt(i, 5 + 9 * i) for i in range(6)]  # more than the 4 slots: some wait
+    futures = [submit(e, p, max_tokens=12) for p in prompts]
+    run(e)
+    for p, f in zip(prompts, futures, strict=True):
+        got = result(f)
+        assert list(got.token_ids) == solo(e.backend.model, p, 12)  # type: ignore[attr-defined]
+        assert got.stop_reason == "max_tokens" and got.prompt_tokens == len(p)
+
+
+@pytest.mark.parametrize("strategy", [DecodeMaximal(), PrefillPriority(), Balanced()])
+def test_every_strategy_gives_the_same_tokens(strategy: Any) -> None:
+    e = engine(batch_strategy=strategy, chunk_size=8)
+    prompts = [prompt(i, 30 + i) for i in range(4)]
+    futures = [submit(e, p, max_tokens=10) for p in prompts]
+    run(e)
+    for p, f in zip(prompts, futures, strict=True):
+        assert list(result(f).token_ids) == solo(e.backend.model, p, 10)  # type: ignore[attr-defined]
+
+
+def test_a_full_queue_refuses_and_a_bad_token_is_refused_before_queueing() -> None:
+    e = engine(max_queue=1)
+    for i in range(5):  # 4 slots and 1 place in the queue
+        submit(e, prompt(i, 4), max_tokens=4)
+    with pytest.raises(QueueFull):
+        submit(e, prompt(9, 4), max_tokens=4)
+    with pytest.raises(InvalidRequest, match="outside the vocabulary"):
+        e.admit(prepare(e.backend, GenerateTokens((1, 99), temp=0)), future=pykka.ThreadingFuture())
+    run(e)
+
+
+def test_a_prompt_is_prefilled_in_chunks_of_chunk_size() -> None:
+    backend = FakeBackend()
+    e = engine(backend, chunk_size=8)
+    submit(e, prompt(1, 40), max_tokens=2)
+    run(e)
+    sizes = [len(rows) for rows in backend.rows.passes]
+    assert max(sizes) <= 8 and sum(sizes) == 40 + 1  # the prompt, then the one decode row
+
+
+# -- finishing ----------------------------------------------------------------------
+
+
+def test_the_end_token_stops_and_ignore_eos_goes_on() -> None:
+    def stops_at_five(tokens: Sequence[int]) -> Any:
+        logits = FakeBackend().model(tokens)
+        if len(tokens) >= 8:
+            logits[EOG] = 100.0
+        return logits
+
+    e = engine(FakeBackend(model=stops_at_five))
+    ended = submit(e, prompt(1, 3), max_tokens=20)
+    forced = submit(e, prompt(1, 3), max_tokens=20, ignore_eos=True)
+    run(e)
+    assert result(ended).stop_reason == "eog" and len(result(ended).token_ids) == 5
+    assert result(forced).stop_reason == "max_tokens" and len(result(forced).token_ids) == 20
+
+
+def test_a_stream_sends_each_token_then_done_and_samplers_are_freed() -> None:
+    backend = FakeBackend()
+    e = engine(backend)
+    events: queue.Queue[Any] = queue.Queue()
+    message = StreamTokens(tuple(prompt(2, 6)), temp=0, max_tokens=7, reply_to=events)
+    e.admit(prepare(backend, message, e.n_ctx_slot), reply_to=events)
+    run(e)
+    got = [events.get_nowait() for _ in range(events.qsize())]
+    tokens = [ev.token_id for ev in got if isinstance(ev, Token)]
+    assert isinstance(got[-1], Done) and tokens == list(got[-1].completion.token_ids)
+    assert tokens == solo(backend.model, prompt(2, 6), 7)
+    assert not backend.sampling.live  # every sampler made was freed
+
+
+def test_a_cancelled_request_frees_its_slot_and_sampler() -> None:
+    backend = FakeBackend()
+    e = engine(backend, cache_prompt=False)
+    future = submit(e, prompt(3, 10), max_tokens=1000, ignore_eos=True)
+    for _ in range(5):
+        e.step()
+    e.cancel(future_request_id(e))
+    run(e)
+    assert result(future).stop_reason == "cancelled"
+    assert not backend.sampling.live and e.stats()["idle_slots"] == 4
+    assert e.memory.cells.used == backend.kv.used  # the engine's books are llama.cpp's
+    again = submit(e, prompt(4, 12), max_tokens=5)
+    run(e)
+    assert list(result(again).token_ids) == solo(backend.model, prompt(4, 12), 5)
+
+
+def future_request_id(e: Engine) -> str:
+    (request_id,) = {r.request_id for r in e.requests.values()}
+    return request_id
+
+
+# -- KV pressure, preemption, sharing ------------------------------------------------
+
+
+def test_kv_pressure_preempts_and_every_request_still_gets_its_solo_run() -> None:
+    # 64 cells for 4 requests that each need 40: the engine must preempt and recompute.
+    backend = FakeBackend(n_ctx=64, n_seq_max=4)
+    e = engine(backend, n_ctx_per_slot=48)
+    prompts = [prompt(i, 10) for i in range(4)]
+    futures = [submit(e, p, max_tokens=30, ignore_eos=True) for p in prompts]
+    run(e)
+    for p, f in zip(prompts, futures, strict=True):
+        got = result(f)
+        assert list(got.token_ids) == solo(backend.model, p, 30), "a preempted request changed its tokens"
+    assert e.preemptions > 0
+    assert backend.kv.used <= backend.n_ctx
+
+
+def test_a_shared_prefix_is_copied_not_recomputed() -> None:
+    backend = FakeBackend(n_ctx=512)
+    e = engine(backend)
+    system = prompt(5, 48)
+    first = submit(e, [*system, 3, 4], max_tokens=4)
+    run(e)
+    computed = sum(len(rows) for rows in backend.rows.passes)
+    second = submit(e, [*system, 9, 9, 9], max_tokens=4)
+    run(e)
+    second_rows = sum(len(rows) for rows in backend.rows.passes) - computed
+    got = result(second)
+    assert got.prefix_cache_tokens >= len(system)
+    assert second_rows < 10  # the three new prompt tokens and four decodes, not 51 rows
+    assert list(got.token_ids) == solo(backend.model, [*system, 9, 9, 9], 4)
+    assert list(result(first).token_ids) == solo(backend.model, [*system, 3, 4], 4)
+
+
+def test_concurrent_requests_on_one_prefix_share_its_cells() -> None:
+    backend = FakeBackend(n_ctx=512)
+    e = engine(backend)
+    system = prompt(6, 64)
+    futures = [submit(e, [*system, 1 + i], max_tokens=3) for i in range(4)]
+    run(e)
+    for i, f in enumerate(futures):
+        assert list(result(f).token_ids) == solo(backend.model, [*system, 1 + i], 3)
+    assert backend.kv.copies > 0
+
+
+# -- speculation ---------------------------------------------------------------------
+
+
+def test_ngram_speculation_keeps_the_tokens_and_counts_what_it_accepts() -> None:
+    def repeats(tokens: Sequence[int]) -> Any:  # a period-4 pattern: n-gram drafts hit
+        logits = FakeBackend().model(tokens) * 0
+        logits[1 + len(tokens) % 4] = 10.0
+        return logits
+
+    backend = FakeBackend(model=repeats, n_ctx=512)
+    e = engine(backend, spec_type="ngram", draft_max=4)
+    p = [1, 2, 3, 4, 1, 2, 3, 4]
+    future = submit(e, p, max_tokens=40)
+    ticks = run(e)
+    got = result(future)
+    assert list(got.token_ids) == solo(repeats, p, 40)
+    assert got.draft_tokens >= got.draft_accepted > 0
+    assert ticks < 40  # accepted drafts: fewer ticks than tokens
+    stats = e.stats()
+    assert stats["draft_tokens"] == got.draft_tokens and stats["draft_accepted"] == got.draft_accepted
+
+
+def test_a_strategy_that_plans_a_slot_twice_fails_the_batch_not_the_engine() -> None:
+    class Twice(DecodeMaximal):
+        def build_batch(self, slots: Any, budget: int, chunk: int, *, queue_depth: int) -> BatchPlan:
+            plan = super().build_batch(slots, budget, chunk, queue_depth=queue_depth)
+            return BatchPlan((*plan.slots, *plan.slots)) if plan.slots else plan
+
+    backend = FakeBackend()
+    e = engine(backend, batch_strategy=Twice())
+    future = submit(e, prompt(1, 4), max_tokens=3)
+    run(e)
+    with pytest.raises(StrategyError, match="more than once|twice|duplicate"):
+        future.get(timeout=0)
+    healthy = engine(backend, batch_strategy=DecodeMaximal())
+    ok = submit(healthy, prompt(1, 4), max_tokens=3)
+    run(healthy)
+    assert list(result(ok).token_ids) == solo(backend.model, prompt(1, 4), 3)
