@@ -255,7 +255,7 @@ def test_a_strategy_that_plans_a_slot_twice_fails_the_batch_not_the_engine() -> 
     e = engine(backend, batch_strategy=Twice())
     future = submit(e, prompt(1, 4), max_tokens=3)
     run(e)
-    with pytest.raises(StrategyError, match="more than once|twice|duplicate"):
+    with pytest.raises(StrategyError, match="twice"):
         future.get(timeout=0)
     healthy = engine(backend, batch_strategy=DecodeMaximal())
     ok = submit(healthy, prompt(1, 4), max_tokens=3)
