@@ -156,7 +156,7 @@ class BareLoop(System):
         )
 
     def _run(self, prompts: Sequence[str], max_tokens: int) -> Timings:
-        from actors.contract._messages import SamplingParams
+        from actors.contract import SamplingParams
 
         b = self.backend
         for seq in range(len(prompts)):

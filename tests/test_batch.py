@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from actors.contract._errors import StrategyError
-from actors.contract._messages import Generate, SamplingParams
+from actors.contract import Generate, SamplingParams
 from actors.engine._batch import BatchArrays, check_plan, lay_out
 from actors.engine._slots import Request, Slot, common_prefix_len
 from strategies import BatchPlan, SlotPlan, SlotState

@@ -40,7 +40,7 @@ from actors import (
     stream,
 )
 from actors.backend._faults import faults
-from actors.contract._messages import CancelExact
+from actors.contract import CancelExact
 
 StartServer = Callable[..., pykka.ActorRef[Any]]
 SLACK_S = 2.0  # what a bound may overshoot by on a loaded 2-core machine

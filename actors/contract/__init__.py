@@ -16,6 +16,7 @@ from actors.contract._checks import (
     is_int,
     template_variables,
 )
+from actors.contract._control import Cancel, CancelExact, Drain, GetInfo, GetStats, GetTokenizer, Submit
 from actors.contract._embed import POOLINGS, Embed, Embeddings, Pooling
 from actors.contract._errors import (
     ConfigError,
@@ -34,25 +35,15 @@ from actors.contract._errors import (
 from actors.contract._gbnf import check_grammar
 from actors.contract._messages import (
     STREAMING,
-    Cancel,
-    CancelExact,
     Chat,
-    Drain,
     Generate,
     GenerateTokens,
-    GetInfo,
-    GetStats,
-    GetTokenizer,
-    ReplyTo,
     RequestMessage,
-    SamplingParams,
     Stream,
     StreamChat,
     StreamMessage,
     StreamTokens,
-    Submit,
     SubmitMessage,
-    put_nowait,
 )
 from actors.contract._results import (
     Completion,
@@ -66,6 +57,7 @@ from actors.contract._results import (
     ToolCallDelta,
     TopLogprob,
 )
+from actors.contract._sampling import ReplyTo, SamplingParams, put_nowait
 from actors.contract._schema import grammar_for_schema
 
 __all__ = [

@@ -9,10 +9,10 @@ actor thread. The value checks themselves live in ``actors.contract._checks``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal
 
 from actors.contract._checks import (
     _INT64_MAX,
@@ -34,87 +34,22 @@ from actors.contract._checks import (
     checked_tokens,
     is_int,
 )
-from actors.contract._embed import Embed
+from actors.contract._sampling import ReplyTo, SamplingParams
 from actors.contract._tools import REASONING_FORMATS, checked_chat, checked_tool_choice, checked_tools
 
-if TYPE_CHECKING:
-    import pykka
-
 __all__ = [
-    "Cancel",
     "Chat",
-    "Drain",
     "Generate",
     "GenerateTokens",
-    "GetInfo",
-    "GetStats",
-    "GetTokenizer",
-    "ReplyTo",
     "RequestMessage",
-    "SamplingParams",
     "Stream",
     "StreamChat",
     "StreamTokens",
 ]
 
 
-class ReplyTo(Protocol):
-    """Where a stream's events go: anything with ``put()``, e.g. ``queue.Queue``.
-
-    The engine calls ``put_nowait`` when the object has it, else ``put``, from its own
-    thread: it must not block. ``queue.Full`` means "not now": the event is held and
-    retried (see :mod:`actors.engine._delivery`); any other exception means the consumer is
-    gone and the request is cancelled.
-    """
-
-    def put(self, item: Any, /) -> Any:
-        """Take one event (a ``Progress``, ``Token``, ``Done`` or ``Failed``) without blocking."""
-        ...
-
-
-def put_nowait(reply_to: ReplyTo, event: object) -> None:
-    """Put ``event`` without waiting: ``put_nowait`` when the reply path has it (a full
-    bounded queue then raises instead of blocking the engine), else ``put``."""
-    put: Callable[[object], object] = getattr(reply_to, "put_nowait", None) or reply_to.put
-    put(event)
-
-
 def _new_id() -> str:
     return uuid.uuid4().hex
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """The sampling options of a request, resolved against the server's defaults.
-
-    ``temp=0`` is greedy; ``seed=None`` draws a fresh random seed per request.
-    """
-
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int | None = None
-    penalty_last_n: int = 64
-    penalty_repeat: float = 1.0
-    penalty_freq: float = 0.0
-    penalty_present: float = 0.0
-    grammar: str | None = None
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            object.__setattr__(self, f.name, _checked_sampling(f.name, getattr(self, f.name)))
-
-    def merged(self, overrides: _RequestMessage) -> SamplingParams:
-        """These defaults with every option the request sets (not ``None``) replaced."""
-        changes = {
-            f.name: getattr(overrides, f.name) for f in fields(self) if getattr(overrides, f.name) is not None
-        }
-        if not changes:
-            return self
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        return SamplingParams(**values)
 
 
 def _thaw(value: Any) -> Any:
@@ -450,75 +385,3 @@ StreamMessage = Stream | StreamTokens | StreamChat
 """The requests answered event by event on their ``reply_to``."""
 RequestMessage = SubmitMessage | StreamMessage
 STREAMING = (Stream, StreamTokens, StreamChat)
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """Cancel a queued or running request; unknown ids are ignored."""
-
-    request_id: str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "request_id", checked_text("request_id", self.request_id, MAX_ID_LENGTH))
-
-
-@dataclass(frozen=True, slots=True)
-class CancelExact:
-    """Internal: cancel ``request_id`` only if it runs the request admitted from ``message``.
-
-    The helpers cancel their own request with it: a late cancel (an abandoned stream
-    iterator collected long after) must not hit a newer request that reuses the id.
-    """
-
-    request_id: str
-    message: object
-
-
-@dataclass(frozen=True, slots=True)
-class GetStats:
-    """Ask for a dict of the engine's current load."""
-
-
-@dataclass(frozen=True, slots=True)
-class GetInfo:
-    """Ask for a dict describing the loaded model and context."""
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    """Stop taking requests, finish the running and queued ones, then stop the actor.
-
-    ``ref.ask(Drain(timeout=30))`` returns a Future that resolves (to the number of
-    requests that were still unfinished and got ``EngineStopped``) once the actor stops.
-    """
-
-    timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.timeout is not None:
-            timeout = _checked_float("Drain timeout", self.timeout)
-            _require(timeout >= 0, f"Drain timeout must be >= 0 seconds or None, got {_show(self.timeout)}")
-            object.__setattr__(self, "timeout", timeout)
-
-
-@dataclass(frozen=True, slots=True)
-class Submit:
-    """Admit ``message`` (Generate, GenerateTokens, Chat or Embed) and complete ``future``.
-
-    Internal: a ``ServerPool`` passes the future it hands to its caller, so it learns
-    when the request ends without a thread per request. ``ask`` answers None once admitted.
-    """
-
-    message: SubmitMessage | Embed
-    future: pykka.ThreadingFuture[object]
-
-    @property
-    def model(self) -> str | None:
-        """The model its request names, if any (a ``ModelManager`` routes by it)."""
-        model: str | None = getattr(self.message, "model", None)
-        return model
-
-
-@dataclass(frozen=True, slots=True)
-class GetTokenizer:
-    """Ask for an ``actors.Tokenizer`` that tokenizes in the caller's thread."""
