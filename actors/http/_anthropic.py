@@ -23,11 +23,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors import Completion, Done, EngineError, Progress, Token
+from actors.http._chat_params import chat_messages, text_content
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import Opened, complete, dumps, error_event, open_stream
 from actors.http._native import json_response
 from actors.http._openai import chat_options
-from actors.http._params import chat_messages, echoed_model, text_content
+from actors.http._params import echoed_model
 from actors.http._service import Service, request_client, routed
 from actors.http._stream import EventStream
 

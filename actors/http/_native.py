@@ -354,7 +354,7 @@ async def detokenize(request: Request) -> Response:
 
 async def apply_template(request: Request) -> Response:
     """``POST /apply-template``: the chat template applied to ``messages``, as ``prompt``."""
-    from actors.http._params import chat_messages, continuation, template_kwargs, tools_option
+    from actors.http._chat_params import chat_messages, continuation, template_kwargs, tools_option
 
     service = await routed(request)
     body = await _body(request)

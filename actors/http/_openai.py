@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 import actors
 from actors import Completion, Done, EngineError, Progress, Token
+from actors.http._chat_params import chat_messages, continuation, template_kwargs, tool_options, tools_option
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
@@ -37,17 +38,12 @@ from actors.http._generation import (
 )
 from actors.http._native import complete_all, final_json, json_response, prompts_of
 from actors.http._params import (
-    chat_messages,
     choices_count,
-    continuation,
     echoed_model,
     max_tokens,
     probabilities,
     sampling_options,
     stream_options,
-    template_kwargs,
-    tool_options,
-    tools_option,
 )
 from actors.http._service import Service, request_client, routed
 from actors.http._stream import EventStream
