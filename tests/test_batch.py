@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.contract._errors import StrategyError
 from actors.contract import Generate, SamplingParams
+from actors.contract._errors import StrategyError
 from actors.engine._batch import BatchArrays, check_plan, lay_out
 from actors.engine._slots import Request, Slot, common_prefix_len
 from strategies import BatchPlan, SlotPlan, SlotState

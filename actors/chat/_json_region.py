@@ -123,7 +123,12 @@ class JsonRegion:
 
     @property
     def after_call(self) -> bool:
-        return self._reader.done  # its calls are written; only its closing marker is due
+        # Its calls are written and only its closing marker is due, or a call in its
+        # array of calls just ended (another, or the array's end, is next).
+        reader = self._reader
+        return reader.done or any(
+            call.args_end >= 0 and reader.between_items(len(path)) for path, call in self._calls.items()
+        )
 
     def closing(self) -> str | None:
         closer = "" if self._syntax.json_reply else (self._syntax.call_close or "")

@@ -169,6 +169,14 @@ class JsonReader:
                 raise
         return events
 
+    def between_items(self, depth: int) -> bool:
+        """Whether the reader is in an array ``depth`` containers deep, right after one
+        of its items (a comma or the array's end is next)."""
+        if self.done or self._state != "after" or len(self._stack) != depth:
+            return False
+        frame = self._stack[-1]
+        return frame.container == "[" and frame.expect == "comma"
+
     def closing(self) -> str | None:
         """The shortest text that completes the value from here (``'"}}'`` inside a
         string two objects deep; ``""`` once it is done), or None where only more of

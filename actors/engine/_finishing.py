@@ -95,7 +95,9 @@ class Finishing(EngineState):
                     tool_calls=first.tool_calls + last.tool_calls,
                 )
             text, reasoning, calls = "".join(reply.content), "".join(reply.reasoning), reply.tool_calls
-            if calls and stop_reason == "eog":
+            if request.closed_early and stop_reason == "eog":
+                stop_reason = "max_tokens"  # its end was forced: what it wrote was cut short
+            elif calls and stop_reason == "eog":
                 stop_reason = "tool_calls"
         ttft_ms, duration_ms = self._timings(request)
         return Completion(

@@ -11,6 +11,7 @@ unprepared (sent before the model loaded) is prepared there.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from actors.backend import Backend, Triggers
@@ -140,28 +141,32 @@ def prepare(backend: Backend, message: RequestMessage, limit: int | None = None)
     budget_tokens: tuple[int, ...] = ()
     if reply is not None and reply.reasoning and reply.syntax.think is not None:
         budget = getattr(message, "reasoning_budget", None)
+        note = getattr(message, "reasoning_budget_message", None)
+        close = (note + "\n" if note else "") + reply.syntax.think[1]
         choice = getattr(message, "tool_choice", None)
         required = isinstance(message, Chat | StreamChat) and choice not in (None, "auto", "none")
         if required and reply.thinking and tools is not None and tools.lazy:
             assert isinstance(message, Chat | StreamChat)
             # A call is required after the thinking the prompt opened: the thinking ends
-            # while max_tokens still holds the close and a call (its markers, and
-            # CALL_ROOM tokens of arguments), or the turn could end without a call.
-            room = message.max_tokens - _call_cost(backend, reply.syntax, message)
+            # while max_tokens still holds its close (with the budget's message) and a
+            # call (its markers, and CALL_ROOM tokens of arguments), or the turn could
+            # end without a call.
+            room = message.max_tokens - _call_cost(backend, reply.syntax, message, close)
             budget = max(0, room if budget is None else min(budget, room))
         if budget is not None:
-            note = getattr(message, "reasoning_budget_message", None)
-            close = (note + "\n" if note else "") + reply.syntax.think[1]
             budget_tokens = tuple(backend.vocab.tokenize(close, add_special=False, parse_special=True))
     return Prepared(message, tuple(prompt), grammar, triggers, reply, budget, budget_tokens)
 
 
-def _call_cost(backend: Backend, syntax: Syntax, message: Chat | StreamChat) -> int:
-    """Tokens a required call needs after thinking: the thinking's close, the call's
-    markers (written with no arguments) and :data:`CALL_ROOM` tokens of arguments."""
+def _call_cost(backend: Backend, syntax: Syntax, message: Chat | StreamChat, close: str) -> int:
+    """Tokens a required call needs after thinking: the thinking's ``close``, the call's
+    markers (written with no arguments, for the named function or the longest name) and
+    :data:`CALL_ROOM` tokens of arguments."""
     assert syntax.think is not None and message.tools
-    name = str(message.tools[0]["function"]["name"])
-    markup = syntax.think[1] + write_calls(dataclasses.replace(syntax, think=None), [(name, {})])
+    choice = message.tool_choice
+    names = [str(tool["function"]["name"]) for tool in message.tools]
+    name = str(choice["function"]["name"]) if isinstance(choice, Mapping) else max(names, key=len)
+    markup = close + write_calls(dataclasses.replace(syntax, think=None), [(name, {})])
     return len(backend.vocab.tokenize(markup, add_special=False, parse_special=True)) + CALL_ROOM
 
 

@@ -21,12 +21,14 @@ __all__ = ["CLOSE_MARGIN", "CLOSE_WINDOW", "Sampling"]
 # A grammar over MAX_GRAMMAR_MS_PER_TOKEN for this many tokens in a row fails its request.
 _GRAMMAR_STRIKES = 3
 
-CLOSE_MARGIN = 4
-"""A constrained tool call is never cut off by ``max_tokens``: once the tokens left are
-no more than its closing text needs (its open JSON strings, objects and arrays closed
-where they stand, then the format's closing markers) plus this margin, it is brought
-to its end, each token checked against the grammar. Between calls, the turn ends once
-the tokens left are no more than the longest call so far took plus this margin."""
+CLOSE_MARGIN = 8
+"""A constrained tool call whose arguments are JSON is brought to its end before
+``max_tokens``: once the tokens left are no more than its closing text needs (its open
+strings, objects and arrays closed where they stand, then the format's closing
+markers) plus this margin, each token checked against the grammar; a required key the
+arguments still lack is written by the model first, within the margin. The request
+then ends ``"max_tokens"``, its calls complete. Between calls, the turn ends once the
+tokens left are no more than a call is expected to take plus this margin."""
 
 CLOSE_WINDOW = 64
 """How near ``max_tokens`` an open call's closing text is measured (the measure
@@ -138,29 +140,49 @@ class Sampling(Finishing):
             per_call = -(-(n - request.call_start) * 5 // (4 * done))
             request.call_tokens = max(request.call_tokens, per_call)
             request.calls_seen = done
-        if left > max(CLOSE_WINDOW, request.call_tokens + CLOSE_MARGIN):
-            return None
         # Between calls the turn ends rather than begin a call it could not finish.
         between = done > 0 and (not reply.in_call or reply.after_call)
         reserve = request.call_tokens if between else 0
+        if left > max(CLOSE_WINDOW if reply.in_call else 0, reserve + CLOSE_MARGIN):
+            return None
         text = reply.closing() if reply.in_call else ""
         if text:
-            tokenize = self.backend.vocab.tokenize
-            need = len(tokenize(text, add_special=False, parse_special=True))
-            if left > max(need, reserve) + CLOSE_MARGIN:
-                return None
-            tried: set[int] = set()
-            for end in range(len(text), 0, -1):
-                ids = tokenize(text[:end], add_special=False, parse_special=True)
-                if ids and ids[0] not in tried:
-                    tried.add(ids[0])
-                    if self.backend.sampling.force(sampler, ids[0]):
-                        return ids[0]
-            return None
+            token = self._close_with(request, text, left, reserve, ban_eog)
+            if token is not None:
+                request.closed_early = request.closed_early or not between
+            return token
         if text == "" and between and not ban_eog and left <= reserve + CLOSE_MARGIN:
             for eog in sorted(self.backend.vocab.eog_ids):
-                if self.backend.sampling.force(sampler, eog):
+                if self.backend.sampling.force(request.sampler, eog):
                     return eog
+        return None
+
+    def _close_with(self, request: Request, text: str, left: int, reserve: int, ban_eog: bool) -> int | None:
+        """The first token of the longest start of ``text`` the grammar takes, once the
+        tokens ``left`` are no more than ``text`` needs (or the ``reserve``) plus the
+        margin; a token is taken only if its text is that start's (a vocabulary that puts
+        a space before a word's first piece would add one), the request does not ban it,
+        and it does not end the reply where the end is banned."""
+        vocab = self.backend.vocab
+        need = len(vocab.tokenize(text, add_special=False, parse_special=True))
+        if left > max(need, reserve) + CLOSE_MARGIN:
+            return None
+        bias = request.message.logit_bias or {}
+        tried: set[int] = set()
+        for end in range(len(text), 0, -1):
+            start = text[:end]
+            ids = vocab.tokenize(start, add_special=False, parse_special=True)
+            if not ids or ids[0] in tried:
+                continue
+            token = ids[0]
+            tried.add(token)
+            shown = vocab.piece(token) or vocab.special_piece(token)  # a special token renders empty
+            if not shown or not start.encode("utf-8").startswith(shown):
+                continue
+            if bias.get(token, 0.0) == -math.inf or (ban_eog and token in vocab.eog_ids):
+                continue
+            if self.backend.sampling.force(request.sampler, token):
+                return token
         return None
 
     def _progress(self, slot: Slot) -> bool:

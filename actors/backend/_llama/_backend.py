@@ -206,19 +206,23 @@ class LlamaBackend:
         self.n_ctx_train: int = _lc.llama_model_n_ctx_train(self._model)
         # Callers' threads tokenize (and probe grammars) at once; close() waits until
         # they are done, so the vocabulary is never freed under them.
-        self._readers = Readers()
-        self.vocab = LlamaVocab(vocab_handle, self._readers, lambda: bool(self._model))
-        self.kv = LlamaKv(self._ctx)
-        self.rows = LlamaRows(self._ctx, self.kv, self.n_batch, self.vocab.n_vocab, self.n_embd)
-        self.sampling = LlamaSampling(
-            self.vocab, vocab_handle, self._readers, self.rows.row_logits, self.n_ctx
-        )
-        self.chat = LlamaChat(
-            None if draft else self._template_text(chat_template),
-            self.vocab,
-            chat_template_kwargs or {},
-            self.sampling.json_schema_grammar,
-        )
+        try:  # a template that does not compile, say: the model and context are freed
+            self._readers = Readers()
+            self.vocab = LlamaVocab(vocab_handle, self._readers, lambda: bool(self._model))
+            self.kv = LlamaKv(self._ctx)
+            self.rows = LlamaRows(self._ctx, self.kv, self.n_batch, self.vocab.n_vocab, self.n_embd)
+            self.sampling = LlamaSampling(
+                self.vocab, vocab_handle, self._readers, self.rows.row_logits, self.n_ctx
+            )
+            self.chat = LlamaChat(
+                None if draft else self._template_text(chat_template),
+                self.vocab,
+                chat_template_kwargs or {},
+                self.sampling.json_schema_grammar,
+            )
+        except BaseException:
+            self._close()
+            raise
 
     def _model_pooling(self) -> str | None:
         """The pooling the GGUF metadata names (``<arch>.pooling_type``), when it is one
