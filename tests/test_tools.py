@@ -258,7 +258,7 @@ def test_a_constrained_call_near_max_tokens_is_closed_so_it_parses(
     assert joined == "".join(c.arguments for c in done.completion.tool_calls)
 
 
-def test_an_endless_string_argument_is_closed_and_the_reply_says_max_tokens(model_path: str) -> None:
+def test_required_calls_that_the_model_would_not_finish_are_finished(model_path: str) -> None:
     # llama.cpp's own required-call test, whose python call the 135M model never closes
     # under Llama 3.2's template ("1234567890..." on and on): closed, and said so.
     ref = actors.ServerActor.start(
@@ -300,6 +300,28 @@ def test_an_endless_string_argument_is_closed_and_the_reply_says_max_tokens(mode
             jsonschema.validate(json.loads(call.arguments), schema)
     finally:
         ref.stop()
+    # Under DeepSeek R1's template the model ends its reply inside the thinking: with a
+    # call required it may not, and the thinking closes in time for the call.
+    thinker = actors.ServerActor.start(
+        model_path=model_path,
+        n_parallel=1,
+        n_ctx=4096,
+        chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"),
+    )
+    try:
+        got = chat(
+            thinker,
+            ask,
+            tools=[tool],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temp=0,
+            max_tokens=512,
+        )
+        assert got.reasoning and got.tool_calls and got.generated_tokens <= 512, got
+        jsonschema.validate(json.loads(got.tool_calls[0].arguments), schema)
+    finally:
+        thinker.stop()
 
 
 def test_thinking_opened_by_the_template_goes_to_reasoning(model_path: str) -> None:

@@ -143,6 +143,7 @@ class Admission(ForwardPass):
             request.reply = prepared.reply.parser()
             request.shown = self._shown(prepared.reply)
             request.budget, request.budget_tokens = prepared.budget, prepared.budget_tokens
+            request.call_after_thinking = prepared.call_after_thinking
         if message.logprobs is not None:
             request.logprobs = []
         if self.drafter is not None and message.speculate:

@@ -65,6 +65,9 @@ class Prepared:
     """A chat's thinking budget in tokens (None: none), and the tokens that close the
     thinking when it is spent (its message, then the format's end marker)."""
     budget_tokens: tuple[int, ...] = ()
+    call_after_thinking: bool = False
+    """A call is required after the thinking the prompt opened: the reply may not end
+    while it thinks (the budget closes the thinking in time for the call)."""
 
 
 def fit_prompt(prompt: list[int], message: RequestMessage, limit: int) -> list[int]:
@@ -139,6 +142,7 @@ def prepare(backend: Backend, message: RequestMessage, limit: int | None = None)
         raise InvalidRequest(f"the request could not be prepared: {e!r}") from None
     budget: int | None = None
     budget_tokens: tuple[int, ...] = ()
+    call_after_thinking = False
     if reply is not None and reply.reasoning and reply.syntax.think is not None:
         budget = getattr(message, "reasoning_budget", None)
         note = getattr(message, "reasoning_budget_message", None)
@@ -153,9 +157,12 @@ def prepare(backend: Backend, message: RequestMessage, limit: int | None = None)
             # end without a call.
             room = message.max_tokens - _call_cost(backend, reply.syntax, message, close)
             budget = max(0, room if budget is None else min(budget, room))
+            call_after_thinking = True
         if budget is not None:
             budget_tokens = tuple(backend.vocab.tokenize(close, add_special=False, parse_special=True))
-    return Prepared(message, tuple(prompt), grammar, triggers, reply, budget, budget_tokens)
+    return Prepared(
+        message, tuple(prompt), grammar, triggers, reply, budget, budget_tokens, call_after_thinking
+    )
 
 
 def _call_cost(backend: Backend, syntax: Syntax, message: Chat | StreamChat, close: str) -> int:

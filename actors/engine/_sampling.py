@@ -52,7 +52,11 @@ class Sampling(Finishing):
         post = message.post_sampling_probs
         if request.logprobs is not None and not post:  # from the raw logits, before any ban or bias
             log_softmax, top = self.backend.sampling.logprobs(index, message.logprobs or 0)
-        ban_eog = message.ignore_eos or len(request.token_ids) < message.min_tokens
+        ban_eog = (
+            message.ignore_eos
+            or len(request.token_ids) < message.min_tokens
+            or (request.call_after_thinking and request.reply is not None and request.reply.thinking)
+        )
         forced = self._forced(request)
         if forced is None:
             forced = self._closing(request, ban_eog)

@@ -75,6 +75,7 @@ class Request:
     call_start: int = -1
     calls_seen: int = 0
     call_tokens: int = 0
+    call_after_thinking: bool = False  # it may not end while it thinks (a call is required)
     closed_early: bool = False  # a call's end was forced before max_tokens (it ends "max_tokens")
     logprobs: list[TokenLogprob] | None = None
     stop_string: str | None = None
