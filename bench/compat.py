@@ -349,6 +349,19 @@ def wall_times(outcomes: Outcomes) -> dict[str, float]:
     return times
 
 
+def file_passes(outcomes: Outcomes, select: str = "") -> dict[str, tuple[int, int]]:
+    """Per test file: the tests that passed and the tests run (those whose node id
+    contains ``select``)."""
+    counts: dict[str, tuple[int, int]] = {}
+    for nodeid, entry in outcomes.items():
+        if select not in nodeid:
+            continue
+        name = nodeid.partition("::")[0].rpartition("/")[2]
+        won, run = counts.get(name, (0, 0))
+        counts[name] = (won + (entry.get("outcome") == "passed"), run + 1)
+    return counts
+
+
 def _hub_templates() -> dict[str, str]:
     """The wrapper's table: each template file and the hub models it stands for."""
     sys.path.insert(0, str(PLUGIN_DIR))
@@ -455,16 +468,18 @@ def report(
             + ". Per file (setup, call and teardown of its tests):",
             "",
         ]
-        per_file = {
-            side: wall_times(outcomes)
-            for side, outcomes in (("llama-server", llama), ("ours", ours))
-            if outcomes
-        }
+        sides = [(side, outcomes) for side, outcomes in (("llama-server", llama), ("ours", ours)) if outcomes]
+        per_file = {side: wall_times(outcomes) for side, outcomes in sides}
+        won = {side: file_passes(outcomes) for side, outcomes in sides}
         lines += [
             markdown_table(
-                ["file", *per_file],
+                ["file", *(f"{side} passed" for side in per_file), *per_file],
                 [
-                    [f"`{name}`", *(_minutes(times.get(name, 0.0)) for times in per_file.values())]
+                    [
+                        f"`{name}`",
+                        *("{} of {}".format(*won[side].get(name, (0, 0))) for side in won),
+                        *(_minutes(times.get(name, 0.0)) for times in per_file.values()),
+                    ]
                     for name in FILES
                 ],
             )
@@ -478,6 +493,15 @@ def report(
         else ["llama-cpp-actors", "—", ours_note]
     )
     lines += [markdown_table(["server", "passed", "outcomes"], rows)]
+    required = "required_tool_real_model"
+    if any(required in nodeid for nodeid in llama):
+        got = [
+            f"{side} {sum(w for w, _ in file_passes(outcomes, required).values())} of "
+            f"{sum(r for _, r in file_passes(outcomes, required).values())}"
+            for side, outcomes in (("llama-server", llama), ("ours", ours or {}))
+            if outcomes
+        ]
+        lines += [f'`tool_choice: "required"` tests (`{required}`): {", ".join(got)}.', ""]
     llama_passed = passed(llama)
     if ours is not None:
         missing = sorted(llama_passed - passed(ours))
