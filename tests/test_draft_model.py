@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fake_backend import FakeKv
 
 from actors.engine._draft_model import ModelDrafter
 from actors.engine._speculative import DraftWant
@@ -26,20 +27,20 @@ def model(tokens: Sequence[int]) -> int:
     return (sum(tokens) * 31 + len(tokens)) % 50 + 10
 
 
-class FakeDraftContext:
+class FakeDraftContext(FakeKv):
     """A draft context with ``n_ctx`` cells shared by all sequences, as llama.cpp's
-    unified KV cache: a cell holds a position's token and the sequences that use it."""
+    unified KV cache (the KV bookkeeping is ``tests/fake_backend.py``'s), whose model
+    predicts :func:`model`'s token with confidence ``p``."""
 
     def __init__(self, n_ctx: int = 512, n_batch: int = 128, n_ctx_train: int = 0, hidden: int = 0) -> None:
-        self.n_ctx, self.n_batch, self.n_ctx_train = n_ctx, n_batch, n_ctx_train
+        super().__init__(n_ctx, n_seq_max=1 << 30)
+        self.n_batch, self.n_ctx_train = n_batch, n_ctx_train
         self.hidden = hidden  # cells llama.cpp keeps that the drafter cannot know of
         self.tokens = np.zeros(n_batch, dtype=np.int32)
         self.pos = np.zeros(n_batch, dtype=np.int32)
         self.seq_ids = np.zeros(n_batch, dtype=np.int32)
         self.logits = np.zeros(n_batch, dtype=np.int8)
         self.eog_ids = frozenset({EOG})
-        self.cells: dict[int, tuple[int, int, set[int]]] = {}  # cell -> (pos, token, seq_ids)
-        self._next_cell = 0
         self._out: dict[int, int] = {}  # batch row -> predicted token
         self.fed = 0  # tokens decoded in all
         self.refuse_trim = False
@@ -51,14 +52,11 @@ class FakeDraftContext:
     def rows(self) -> FakeDraftContext:
         return self
 
-    kv = sampling = vocab = rows
-
     @property
-    def used(self) -> int:
-        return len(self.cells)
+    def kv(self) -> FakeDraftContext:
+        return self
 
-    def held(self, seq_id: int) -> dict[int, int]:
-        return {pos: tok for pos, tok, seqs in self.cells.values() if seq_id in seqs}
+    sampling = vocab = rows
 
     def decode(self, start: int, end: int) -> int:
         n = end - start
@@ -75,40 +73,19 @@ class FakeDraftContext:
         self._out = {}
         for row in rows:
             seq = int(self.seq_ids[row])
-            self.cells[self._next_cell] = (int(self.pos[row]), int(self.tokens[row]), {seq})
-            self._next_cell += 1
+            self.add(seq, int(self.pos[row]), int(self.tokens[row]))
             if self.logits[row]:
-                held = self.held(seq)
-                assert sorted(held) == list(range(len(held))), "a gap in a sequence"
-                self._out[row] = self.predict([held[p] for p in range(len(held))])
+                self._out[row] = self.predict(self.tokens_of(seq))
         self.fed += n
         return 0
 
     def top_token(self, row: int) -> tuple[int, float]:
         return self._out[row], self.p  # KeyError: a row without logits (llama.cpp aborts)
 
-    def _untag(self, seq_id: int, p0: int, p1: int) -> None:
-        for cell, (pos, _, seqs) in list(self.cells.items()):
-            if seq_id in seqs and p0 <= pos < p1:
-                seqs.discard(seq_id)
-                if not seqs:
-                    del self.cells[cell]
-
     def trim(self, seq_id: int, keep: int) -> bool:
         if self.refuse_trim:
             return False
-        self._untag(seq_id, keep, 1 << 30)
-        return True
-
-    def clear(self, seq_id: int) -> None:
-        self._untag(seq_id, 0, 1 << 30)
-
-    def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
-        for pos, _, seqs in self.cells.values():
-            if p0 <= pos < p1:
-                assert dst not in seqs, "seq_cp onto positions the destination holds"
-                if src in seqs:
-                    seqs.add(dst)
+        return super().trim(seq_id, keep)
 
     def close(self) -> None:
         pass

@@ -24,16 +24,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors import ConfigError, ServerActor
-from actors.actor._options import (
+from actors.actor._option_values import (
     KV_CACHE_TYPES,
     MAX_N_CTX,
     MAX_N_PARALLEL,
     MAX_N_THREADS,
     MAX_PROMPT_CACHE_RAM_MB,
-    StartOptions,
-    check_options,
     host_ram_mb,
 )
+from actors.actor._options import StartOptions, check_options
 from actors.backend._options import default_n_threads
 from strategies import DecodeMaximal
 

@@ -41,13 +41,9 @@ from actors.actor._option_values import (
     _FLOAT_KV_TYPES,
     _INT32_MAX,
     KV_CACHE_TYPES,
-    MAX_CHAT_TEMPLATE_CHARS,
-    MAX_DRAFT,
     MAX_N_CTX,
     MAX_N_PARALLEL,
     MAX_N_THREADS,
-    MAX_NAME_LENGTH,
-    MAX_PROMPT_CACHE_RAM_MB,
     _chat_template,
     _chat_template_kwargs,
     _checked_path,
@@ -61,26 +57,13 @@ from actors.actor._option_values import (
     _sampling,
     _show,
     _speculation,
-    host_ram_mb,
 )
 from actors.backend import BackendOptions, default_n_threads
 from actors.contract import ConfigError, SamplingParams
 from actors.engine import EngineConfig
 from strategies import BatchStrategy, DecodeMaximal
 
-__all__ = [
-    "KV_CACHE_TYPES",
-    "MAX_CHAT_TEMPLATE_CHARS",
-    "MAX_DRAFT",
-    "MAX_NAME_LENGTH",
-    "MAX_N_CTX",
-    "MAX_N_PARALLEL",
-    "MAX_N_THREADS",
-    "MAX_PROMPT_CACHE_RAM_MB",
-    "StartOptions",
-    "check_options",
-    "host_ram_mb",
-]
+__all__ = ["StartOptions", "check_options"]
 
 
 @dataclass(frozen=True, slots=True)
