@@ -20,19 +20,18 @@ the llama.cpp sequence, the ledger and the index in step.
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Callable, Collection, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from actors.backend import Backend
 from actors.engine._cells import CellLedger
 from actors.engine._prefix import PrefixIndex, PrefixMatch
+from actors.engine._ram_cache import RamCache, RamEntry
 from actors.engine._slots import Request, Slot
 from strategies import SlotState
 
-__all__ = ["KVMemory", "RamCache", "RamEntry"]
+__all__ = ["KVMemory"]
 
 # Shorter sequences are cheaper to recompute than to save and restore.
 MIN_SAVED_TOKENS = 32
@@ -42,64 +41,6 @@ _MIN_SHARE = 0.10
 # tokens again. On a CPU a batch costs about its token count, so computing them twice in
 # parallel is never faster than waiting; under this, the tick or two of waiting costs more.
 MIN_WAIT_TOKENS = 64
-
-
-@dataclass(slots=True, eq=False)
-class RamEntry:
-    """One saved sequence: its tokens (in position order) and its KV state."""
-
-    scope: str | None
-    tokens: list[int]
-    state: bytes
-    t_last_used: float = field(default_factory=time.monotonic)
-    key: Hashable = None
-
-
-class RamCache:
-    """Saved KV states under a byte budget, least recently used evicted first; their
-    prefixes are in the engine's :class:`PrefixIndex` under ``("ram", n)`` keys."""
-
-    def __init__(self, budget_bytes: int, index: PrefixIndex) -> None:
-        self.budget_bytes = budget_bytes
-        self.entries: dict[Hashable, RamEntry] = {}
-        self.bytes_used = 0
-        self._index = index
-        self._serial = itertools.count()
-
-    def _ram(self, matches: list[PrefixMatch]) -> list[tuple[RamEntry, int]]:
-        return [(self.entries[m.key], m.length) for m in matches if m.key in self.entries]
-
-    def covers(self, scope: str | None, tokens: Sequence[int]) -> bool:
-        """An entry of ``scope`` already holds ``tokens`` (or more after them)."""
-        return any(n == len(tokens) for _, n in self._ram(self._index.matches(scope, tokens)))
-
-    def add(self, entry: RamEntry) -> list[RamEntry]:
-        """Store ``entry``, dropping entries it extends; returns the evicted ones."""
-        if len(entry.state) > self.budget_bytes:
-            return []
-        for old, n in self._ram(self._index.matches(entry.scope, entry.tokens)):
-            if n == len(old.tokens):
-                self._drop(old)  # the new entry holds all of it and more
-        evicted = []
-        while self.bytes_used + len(entry.state) > self.budget_bytes:
-            victim = min(self.entries.values(), key=lambda e: e.t_last_used)
-            self._drop(victim)
-            evicted.append(victim)
-        entry.key = ("ram", next(self._serial))
-        self.entries[entry.key] = entry
-        self._index.put(entry.key, entry.scope, entry.tokens)
-        self.bytes_used += len(entry.state)
-        return evicted
-
-    def longest(self, matches: list[PrefixMatch]) -> tuple[RamEntry | None, int]:
-        """The RAM entry among ``matches`` (the index's, longest first) and its length."""
-        found = self._ram(matches)
-        return found[0] if found else (None, 0)
-
-    def _drop(self, entry: RamEntry) -> None:
-        del self.entries[entry.key]
-        self._index.remove(entry.key)
-        self.bytes_used -= len(entry.state)
 
 
 Emit = Callable[[str, dict[str, Any], dict[str, Any]], None]
