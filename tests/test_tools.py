@@ -9,9 +9,10 @@ matches the tool's schema, in every format: that is what these tests hold.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonschema
@@ -97,6 +98,19 @@ def servers(model_path: str) -> Any:
 
     yield get
     for ref in refs.values():
+        ref.stop()
+
+
+@contextlib.contextmanager
+def one_slot(model_path: str, template_name: str) -> Iterator[pykka.ActorRef[Any]]:
+    """A 1-slot server on the default model with another family's chat template, stopped
+    on leaving."""
+    ref = actors.ServerActor.start(
+        model_path=model_path, n_parallel=1, n_ctx=4096, chat_template=template(template_name)
+    )
+    try:
+        yield ref
+    finally:
         ref.stop()
 
 
@@ -261,13 +275,7 @@ def test_a_constrained_call_near_max_tokens_is_closed_so_it_parses(
 def test_required_calls_that_the_model_would_not_finish_are_finished(model_path: str) -> None:
     # llama.cpp's own required-call test, whose python call the 135M model never closes
     # under Llama 3.2's template ("1234567890..." on and on): closed, and said so.
-    ref = actors.ServerActor.start(
-        model_path=model_path,
-        n_parallel=1,
-        n_ctx=4096,
-        chat_template=template("meta-llama-Llama-3.2-3B-Instruct"),
-    )
-    try:
+    with one_slot(model_path, "meta-llama-Llama-3.2-3B-Instruct") as ref:
         ask = [
             {"role": "system", "content": "You are a coding assistant."},
             {"role": "user", "content": "Write an example"},
@@ -298,17 +306,9 @@ def test_required_calls_that_the_model_would_not_finish_are_finished(model_path:
             assert got.stop_reason == "max_tokens" and got.generated_tokens <= max_tokens, got
             (call,) = got.tool_calls
             jsonschema.validate(json.loads(call.arguments), schema)
-    finally:
-        ref.stop()
     # Under DeepSeek R1's template the model ends its reply inside the thinking: with a
     # call required it may not, and the thinking closes in time for the call.
-    thinker = actors.ServerActor.start(
-        model_path=model_path,
-        n_parallel=1,
-        n_ctx=4096,
-        chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"),
-    )
-    try:
+    with one_slot(model_path, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B") as thinker:
         got = chat(
             thinker,
             ask,
@@ -320,17 +320,12 @@ def test_required_calls_that_the_model_would_not_finish_are_finished(model_path:
         )
         assert got.reasoning and got.tool_calls and got.generated_tokens <= 512, got
         jsonschema.validate(json.loads(got.tool_calls[0].arguments), schema)
-    finally:
-        thinker.stop()
 
 
 def test_thinking_opened_by_the_template_goes_to_reasoning(model_path: str) -> None:
     # DeepSeek R1's template opens the reply with "<think>\n": the reply is thinking
     # until "</think>"; reasoning_format "none" leaves it in the text.
-    ref = actors.ServerActor.start(
-        model_path=model_path, n_parallel=1, n_ctx=4096, chat_template=template("llama-cpp-deepseek-r1")
-    )
-    try:
+    with one_slot(model_path, "llama-cpp-deepseek-r1") as ref:
         ask = [{"role": "user", "content": "What's the sum of 102 and 7?"}]
         split = chat(ref, ask, temp=0, max_tokens=24)
         kept = chat(ref, ask, temp=0, max_tokens=24, reasoning_format="none")
@@ -359,8 +354,6 @@ def test_thinking_opened_by_the_template_goes_to_reasoning(model_path: str) -> N
             assert unbudgeted.reasoning or max_tokens < 300  # 120 leaves no room to think
             assert unbudgeted.generated_tokens <= max_tokens
             _valid(unbudgeted.tool_calls[0])
-    finally:
-        ref.stop()
 
 
 # -- hostile input: a clear InvalidRequest at the edge, nothing reaches the engine -------
@@ -521,10 +514,7 @@ def test_the_guides_format_table_is_what_detection_finds(name: str, fmt: str) ->
 
 
 def test_a_thinking_budget_closes_the_thinking_and_the_reply_answers(model_path: str) -> None:
-    ref = actors.ServerActor.start(
-        model_path=model_path, n_parallel=1, n_ctx=4096, chat_template=template("llama-cpp-deepseek-r1")
-    )
-    try:
+    with one_slot(model_path, "llama-cpp-deepseek-r1") as ref:
         ask = [{"role": "user", "content": "What's the sum of 102 and 7?"}]
         free = chat(ref, ask, temp=0, max_tokens=40)
         assert free.text == "" and free.reasoning  # this model never closes its thinking alone
@@ -547,8 +537,6 @@ def test_a_thinking_budget_closes_the_thinking_and_the_reply_answers(model_path:
             chat(ref, ask, reasoning_budget=5, reasoning_format="none")
         with pytest.raises(InvalidRequest, match="reasoning_budget"):
             chat(ref, ask, reasoning_budget=-3)
-    finally:
-        ref.stop()
 
 
 NESTED = {

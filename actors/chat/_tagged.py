@@ -146,8 +146,7 @@ class TaggedRegion:
             head = "" if step == "next" else None
         if head is None:
             return None
-        after = steps[k + 1 :] if step != "next" else ["next"]
-        tail = "".join(self._literals[s] for s in after if s in ("after_args", "close"))
+        tail = "".join(self._literals[s] for s in steps[k + 1 :] if s in ("after_args", "close"))
         if self._t.section is not None:  # the section's end, past what is held of it
             closer, held = self._t.section[1], self._held.lstrip()
             if not closer.startswith(held):

@@ -147,10 +147,13 @@ def prepare(backend: Backend, message: RequestMessage, limit: int | None = None)
         budget = getattr(message, "reasoning_budget", None)
         note = getattr(message, "reasoning_budget_message", None)
         close = (note + "\n" if note else "") + reply.syntax.think[1]
-        choice = getattr(message, "tool_choice", None)
-        required = isinstance(message, Chat | StreamChat) and choice not in (None, "auto", "none")
-        if required and reply.thinking and tools is not None and tools.lazy:
-            assert isinstance(message, Chat | StreamChat)
+        if (
+            isinstance(message, Chat | StreamChat)
+            and message.tool_choice not in (None, "auto", "none")
+            and reply.thinking
+            and tools is not None
+            and tools.lazy
+        ):
             # A call is required after the thinking the prompt opened: the thinking ends
             # while max_tokens still holds its close (with the budget's message) and a
             # call (its markers, and CALL_ROOM tokens of arguments), or the turn could

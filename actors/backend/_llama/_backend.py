@@ -211,9 +211,7 @@ class LlamaBackend:
             self.vocab = LlamaVocab(vocab_handle, self._readers, lambda: bool(self._model))
             self.kv = LlamaKv(self._ctx)
             self.rows = LlamaRows(self._ctx, self.kv, self.n_batch, self.vocab.n_vocab, self.n_embd)
-            self.sampling = LlamaSampling(
-                self.vocab, vocab_handle, self._readers, self.rows.row_logits, self.n_ctx
-            )
+            self.sampling = LlamaSampling(self.vocab, self.rows.row_logits, self.n_ctx)
             self.chat = LlamaChat(
                 None if draft else self._template_text(chat_template),
                 self.vocab,

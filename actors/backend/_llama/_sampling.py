@@ -26,7 +26,6 @@ from actors.backend._faults import faults
 from actors.backend._greedy import GREEDY_TEMP, DeadEnd, Greedy
 from actors.backend._llama._vocab import LlamaVocab
 from actors.backend._protocol import Triggers
-from actors.backend._readers import Readers
 from actors.contract import InvalidRequest, SamplingParams
 
 __all__ = ["LlamaSampling", "SamplerChain"]
@@ -37,23 +36,17 @@ class LlamaSampling:
     :meth:`json_schema_grammar`, which any thread may call).
 
     Args:
-        vocab: the model's vocabulary.
-        vocab_handle: llama.cpp's ``llama_vocab`` pointer (grammars are built on it).
-        readers: the lock that closing the model waits on (grammars read the vocabulary).
+        vocab: the model's vocabulary (grammars are built on its handle, under its
+            readers' lock: closing the model waits for them).
         row_logits: batch row ``index``'s logits, a writable view.
         n_ctx: the context's size (a penalty window past it means it).
     """
 
     def __init__(
-        self,
-        vocab: LlamaVocab,
-        vocab_handle: Any,
-        readers: Readers,
-        row_logits: Callable[[int], npt.NDArray[np.float32]],
-        n_ctx: int,
+        self, vocab: LlamaVocab, row_logits: Callable[[int], npt.NDArray[np.float32]], n_ctx: int
     ) -> None:
-        self._vocab = vocab_handle
-        self._readers = readers
+        self._vocab = vocab.handle
+        self._readers = vocab.readers
         self._logits = row_logits
         self.n_ctx = n_ctx
         self.n_vocab = vocab.n_vocab

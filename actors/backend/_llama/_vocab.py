@@ -31,8 +31,8 @@ class LlamaVocab:
     """
 
     def __init__(self, vocab: Any, readers: Readers, is_open: Any) -> None:
-        self._vocab = vocab
-        self._readers = readers
+        self.handle = vocab  # the llama_vocab pointer, for what is built on it (grammars)
+        self.readers = readers  # closing the model waits for those inside
         self._is_open = is_open
         self.n_vocab: int = _lc.llama_vocab_n_tokens(vocab)
         self.bos: int = _lc.llama_vocab_bos(vocab)
@@ -65,12 +65,12 @@ class LlamaVocab:
         except UnicodeEncodeError as e:
             raise InvalidRequest(f"text is not valid Unicode: a lone surrogate at index {e.start}") from None
         capacity = len(data) + 8
-        with self._readers.reading():
+        with self.readers.reading():
             self._check_open()
             while True:
                 buf = (_lc.llama_token * capacity)()
                 n = _lc.llama_tokenize(
-                    self._vocab, data, len(data), buf, capacity, False, bool(parse_special)
+                    self.handle, data, len(data), buf, capacity, False, bool(parse_special)
                 )
                 if n >= 0:
                     break
@@ -89,11 +89,11 @@ class LlamaVocab:
             raise InvalidRequest(f"token id {bad[0]!r} is outside the vocabulary (n_vocab={self.n_vocab})")
         ids = (_lc.llama_token * max(len(tokens), 1))(*tokens)
         capacity = 8 * len(tokens) + 16
-        with self._readers.reading():
+        with self.readers.reading():
             self._check_open()
             while True:
                 buf = ctypes.create_string_buffer(capacity)
-                n = _lc.llama_detokenize(self._vocab, ids, len(tokens), buf, capacity, False, True)
+                n = _lc.llama_detokenize(self.handle, ids, len(tokens), buf, capacity, False, True)
                 if n >= 0:
                     break
                 capacity = -n
@@ -111,7 +111,7 @@ class LlamaVocab:
         """The bytes of one token with special tokens spelled out (``[TOOL_CALLS]``): for
         the markers a reply parser reads (engine thread)."""
         buf = ctypes.create_string_buffer(256)
-        n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        n = _lc.llama_token_to_piece(self.handle, token, buf, len(buf), 0, True)
         return buf.raw[: max(n, 0)]
 
     def special_token(self, text: str) -> int | None:
@@ -120,7 +120,7 @@ class LlamaVocab:
 
     def text(self, token: int) -> str:
         """A token's text as the vocabulary stores it ("" for -1, no token)."""
-        return "" if token == -1 else _lc.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+        return "" if token == -1 else _lc.llama_vocab_get_text(self.handle, token).decode("utf-8", "replace")
 
     def differs(self, other: LlamaVocab) -> str | None:
         """Why ``other``'s tokens do not mean these (a draft model must share the
@@ -147,16 +147,16 @@ class LlamaVocab:
         )
         texts: dict[str, int] = {}
         for token in range(self.n_vocab):
-            if _lc.llama_vocab_get_attr(self._vocab, token) & special:
-                text = _lc.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+            if _lc.llama_vocab_get_attr(self.handle, token) & special:
+                text = _lc.llama_vocab_get_text(self.handle, token).decode("utf-8", "replace")
                 if text:
                     texts.setdefault(text, token)
         return texts
 
     def _load_piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(256)
-        n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = _lc.llama_token_to_piece(self.handle, token, buf, len(buf), 0, False)
         if n < 0:  # a piece longer than the buffer: -n is the size it needs
             buf = ctypes.create_string_buffer(-n)
-            n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = _lc.llama_token_to_piece(self.handle, token, buf, len(buf), 0, False)
         return buf.raw[: max(n, 0)]
