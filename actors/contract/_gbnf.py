@@ -396,3 +396,8 @@ class _Parser(_Scanner):
                     )
         if "root" not in self.symbols:
             raise _Refused("grammar has no 'root' rule", llama=True)
+        root = self.symbols["root"]
+        if root >= n_rules or self.rules[root] is None:
+            # Named only where it is repeated zero times (``x ::= root{0}``): llama.cpp
+            # finds the symbol, reads a rule that does not exist and dies (SIGSEGV).
+            raise _Refused("grammar names 'root' but never defines it", llama=False)
