@@ -9,6 +9,7 @@ cache asserts what llama.cpp would abort on. As vLLM tests its scheduler without
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,20 +28,20 @@ from actors.contract import (
     StreamTokens,
     Token,
 )
-from actors.engine import Engine, EngineConfig, prepare
+from actors.engine import Engine, EngineConfig, courier, prepare
 from strategies import Balanced, BatchPlan, DecodeMaximal, PrefillPriority
 
 pytestmark = pytest.mark.timeout(60)
 
 
 class Sender:
-    """What the engine names as the sender of its signals, and tells about stalls."""
+    """What the engine names as the sender of its signals, and the stalls it was told of."""
 
     def __init__(self) -> None:
-        self.told: list[Any] = []
+        self.stalled: list[Any] = []
 
-    def tell(self, message: Any) -> None:
-        self.told.append(message)
+    def on_stall(self, message: Any) -> None:
+        self.stalled.append(message)
 
 
 def engine(backend: FakeBackend | None = None, **config: Any) -> Engine:
@@ -52,7 +53,8 @@ def engine(backend: FakeBackend | None = None, **config: Any) -> Engine:
         "defaults": SamplingParams(temp=0.0),
         **config,
     }
-    return Engine(backend or FakeBackend(), EngineConfig(**options), Sender())
+    sender = Sender()
+    return Engine(backend or FakeBackend(), EngineConfig(**options), sender, on_stall=sender.on_stall)
 
 
 def submit(e: Engine, tokens: Sequence[int], **options: Any) -> pykka.ThreadingFuture[Any]:
@@ -112,8 +114,18 @@ def test_a_full_queue_refuses_and_a_bad_token_is_refused_before_queueing() -> No
     with pytest.raises(QueueFull):
         submit(e, prompt(9, 4), max_tokens=4)
     with pytest.raises(InvalidRequest, match="outside the vocabulary"):
-        e.admit(prepare(e.backend, GenerateTokens((1, 99), temp=0)), future=pykka.ThreadingFuture())
+        prepare(e.backend, GenerateTokens((1, 99), temp=0), e.n_ctx_slot)
     run(e)
+
+
+def test_admission_trusts_prepare_only_for_its_own_context() -> None:
+    # prepare() checks the prompt once; a request fitted to another slot context is
+    # refused, not admitted on the other context's word.
+    e = engine()
+    other = prepare(e.backend, GenerateTokens(tuple(prompt(1, 4)), temp=0), e.n_ctx_slot * 2)
+    with pytest.raises(InvalidRequest, match="another context"):
+        e.admit(other, future=pykka.ThreadingFuture())
+    assert not e.has_work and not e.requests
 
 
 def test_a_prompt_is_prefilled_in_chunks_of_chunk_size() -> None:
@@ -167,10 +179,31 @@ def test_a_cancelled_request_frees_its_slot_and_sampler() -> None:
     run(e)
     assert result(future).stop_reason == "cancelled"
     assert not backend.sampling.live and e.stats()["idle_slots"] == 4
-    assert e.memory.cells.used == backend.kv.used  # the engine's books are llama.cpp's
+    assert e.state.memory.cells.used == backend.kv.used  # the engine's books are llama.cpp's
     again = submit(e, prompt(4, 12), max_tokens=5)
     run(e)
     assert list(result(again).token_ids) == solo(backend.model, prompt(4, 12), 5)
+
+
+def test_a_stream_nobody_reads_is_reported_through_on_stall_and_cancelled_by_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The engine never blocks on a consumer: the courier holds what a full queue cannot
+    # take and tells on_stall (not the actor directly); the owner's cancel ends it.
+    monkeypatch.setattr(courier, "stall_s", 0.05)
+    backend = FakeBackend()
+    e = engine(backend)
+    events: queue.Queue[Any] = queue.Queue(maxsize=1)
+    message = StreamTokens(tuple(prompt(5, 6)), temp=0, max_tokens=5000, ignore_eos=True, reply_to=events)
+    e.admit(prepare(backend, message, e.n_ctx_slot), reply_to=events)
+    sender = e.state.sender
+    deadline = time.monotonic() + 10
+    while not sender.stalled and time.monotonic() < deadline:
+        e.step()
+        time.sleep(0.001)
+    assert sender.stalled == [message]
+    e.cancel(message.request_id, message)
+    assert not e.has_work and not backend.sampling.live
 
 
 def future_request_id(e: Engine) -> str:
@@ -191,7 +224,7 @@ def test_kv_pressure_preempts_and_every_request_still_gets_its_solo_run() -> Non
     for p, f in zip(prompts, futures, strict=True):
         got = result(f)
         assert list(got.token_ids) == solo(backend.model, p, 30), "a preempted request changed its tokens"
-    assert e.preemptions > 0
+    assert e.state.preemptions > 0
     assert backend.kv.used <= backend.n_ctx
 
 

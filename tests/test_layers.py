@@ -79,7 +79,7 @@ VIOLATIONS = [
     ("strategies/_builtin.py", "import telemetry", "strategies import nothing"),
     ("strategies/_base.py", "from actors.contract import _errors", "strategies import nothing"),
     ("telemetry/logging.py", "import actors.contract", "telemetry imports nothing"),
-    ("actors/engine/_sampling.py", "from actors.engine import _admission", "each part imports only"),
+    ("actors/engine/_output_stage.py", "from actors.engine import _scheduler", "each part imports only"),
     (
         "actors/engine/_batch.py",
         "from actors.backend._rows import put_rows",
@@ -113,18 +113,18 @@ def test_the_readme_tick_diagram_names_functions_that_exist() -> None:
     from actors.actor._server import ServerActor
     from actors.backend._llama import LlamaRows, LlamaSampling
     from actors.engine import _batch, _prepare
-    from actors.engine._admission import Admission
     from actors.engine._delivery import Courier
     from actors.engine._engine import Engine
-    from actors.engine._finishing import Finishing
-    from actors.engine._forward import ForwardPass
+    from actors.engine._lifecycle import Lifecycle
     from actors.engine._memory import KVMemory
-    from actors.engine._sampling import Sampling
+    from actors.engine._output_stage import OutputStage
+    from actors.engine._runner import Runner
+    from actors.engine._scheduler import Scheduler
     from strategies import BatchStrategy
 
     classes = {c.__name__: c for c in (
-        Admission, BatchStrategy, Courier, Engine, EngineRef, Finishing, ForwardPass, KVMemory,
-        LlamaRows, LlamaSampling, Sampling, ServerActor,
+        BatchStrategy, Courier, Engine, EngineRef, KVMemory, Lifecycle, LlamaRows, LlamaSampling,
+        OutputStage, Runner, Scheduler, ServerActor,
     )}  # fmt: skip
     functions = {"check_plan": _batch.check_plan, "lay_out": _batch.lay_out, "prepare": _prepare.prepare}
     readme = (ROOT / "README.md").read_text()
@@ -139,5 +139,6 @@ def test_the_readme_tick_diagram_names_functions_that_exist() -> None:
     for name in bare:
         assert callable(functions[name]), name
     # Every phase of Engine.step is in the picture.
-    for phase in ("_expire", "_dequeue", "_plan", "_forward", "_emit_tick"):
+    for phase in ("Scheduler.expire()", "Scheduler.dequeue()", "Scheduler.schedule()",
+                  "Runner.execute()", "OutputStage.commit()", "Engine._emit_tick()"):  # fmt: skip
         assert phase in diagram

@@ -124,13 +124,13 @@ class EngineRef(pykka.ActorRef[Any]):
             return _Told(message) if told and isinstance(message, _CALLER_MESSAGES) else message
         prepared: Prepared | PreparedEmbed | None = None
         error: EngineError | None = None
-        backend = self.backend
-        if backend is not None:
+        backend, limit = self.backend, self.n_ctx_slot
+        if backend is not None and limit is not None:
             try:
                 if isinstance(request, Embed):
-                    prepared = prepare_embed(backend, request, self.n_ctx_slot or backend.n_ctx)
+                    prepared = prepare_embed(backend, request, limit)
                 else:
-                    prepared = prepare(backend, request, self.n_ctx_slot)
+                    prepared = prepare(backend, request, limit)
             except EngineError as e:
                 if not told and not isinstance(request, STREAMING):
                     raise  # an asked Generate or pool submit: the caller gets it now

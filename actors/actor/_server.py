@@ -238,7 +238,9 @@ class ServerActor(pykka.ThreadingActor):
             self._fail_inbox(EngineStopped(f"{self._who} could not load its draft model: {e!r}"))
             raise
         try:
-            self.actor_engine = Engine(backend, self.actor_config, self.actor_ref, draft)
+            self.actor_engine = Engine(
+                backend, self.actor_config, self.actor_ref, draft, on_stall=self._cancel_stalled
+            )
         except BaseException:
             backend.close()
             if draft is not None:
@@ -255,6 +257,12 @@ class ServerActor(pykka.ThreadingActor):
                 {"progress": 1.0, "load_ms": load_ms},
                 labels,
             )
+
+    def _cancel_stalled(self, message: RequestMessage) -> None:
+        """A stream's consumer stopped reading: cancel that very request (the courier's
+        thread; the cancel waits its turn in the inbox)."""
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.actor_ref.tell(CancelExact(message.request_id, message))
 
     def _load_draft(self, target: LlamaBackend) -> LlamaBackend | None:
         """The draft model's backend, its vocabulary checked against the target's

@@ -4,14 +4,18 @@ batch layout, text output, and the courier that delivers stream events.
 It imports the backend, the request contract, ``strategies`` and ``telemetry``; never
 the actor, the caller side or scale-out, which are built on it.
 
-``Engine`` is one idea per module, stacked so that each calls only those below it
-(``.importlinter`` keeps it so):
+``Engine`` composes parts of one idea each, over one shared state; each calls only the
+parts below it (``.importlinter`` keeps it so), and a tick reads plan → execute → update:
 
-- ``_engine``: :meth:`Engine.step`, the tick top to bottom, and the strategy's plan.
-- ``_admission``: admit, queue by priority, start in a slot, cancel, expire.
-- ``_forward``: one ``llama_decode``, and KV pressure (purge, split, preempt).
-- ``_sampling``: sample, stream the token, stop strings, context shift.
-- ``_finishing``: every way a request ends, delivered exactly once.
+- ``_engine``: :meth:`Engine.step`, the tick top to bottom, and ``stats``.
+- ``_scheduler``: admit, queue by priority, start in a slot, cancel, expire, and the
+  strategy's plan (plain data); ``_drafting``: speculation's side of the plan.
+- ``_runner``: the plan laid out, one ``llama_decode``, and KV pressure (purge, split,
+  preempt).
+- ``_output_stage``: record, sample, stream, stop strings, context shift; ``_closing``:
+  the tokens that end a reply in time.
+- ``_lifecycle``: a request entering a slot, and every way it ends, delivered exactly once.
+- ``_embed_pass``: a tick's embedding pass, priced against generation.
 - ``_state``: the shared state and the telemetry it sends.
 """
 

@@ -3,9 +3,12 @@
 Tokenizing a prompt, rendering a chat template and converting and probing a grammar
 cost time in proportion to what a caller sends (a 1 MB prompt takes a few hundred ms).
 ``EngineRef`` runs :func:`prepare` in the thread that sends the request, so the engine
-thread, which every tenant shares, only checks the result (token ids against the
-vocabulary, the length against the context). A message that reaches the actor
-unprepared (sent before the model loaded) is prepared there.
+thread, which every tenant shares, spends no time on the prompt's text. Every check of
+a request against the model is made here, once (token ids and ``logit_bias`` against
+the vocabulary, the length against a slot's context); admission trusts a ``Prepared``
+made for its own context, and checks only the engine's state (ids in use, the queue).
+A message that reaches the actor unprepared (sent before the model loaded) is prepared
+there.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class Prepared:
 
     message: RequestMessage
     prompt: tuple[int, ...]
+    limit: int
+    """The slot context it was fitted to (``n_ctx_per_slot``): admission takes it only
+    for that context."""
     grammar: str | None = None
     triggers: Triggers | None = None
     """When set, ``grammar`` is lazy: it waits for one of these (a tool call's marker)."""
@@ -94,8 +100,9 @@ def fit_prompt(prompt: list[int], message: RequestMessage, limit: int) -> list[i
     return prompt[:n_keep] + prompt[n_keep + n_blocks * block :]
 
 
-def prepare(backend: Backend, message: RequestMessage, limit: int | None = None) -> Prepared:
-    """Tokenize ``message``'s prompt and resolve its grammar (thread-safe: any thread).
+def prepare(backend: Backend, message: RequestMessage, limit: int) -> Prepared:
+    """Tokenize ``message``'s prompt, resolve its grammar and check it against the model
+    (thread-safe: any thread).
 
     ``limit`` is a slot's context (``n_ctx_per_slot``): a prompt too long for it is
     refused, or truncated, here rather than in the engine thread.
@@ -115,8 +122,14 @@ def prepare(backend: Backend, message: RequestMessage, limit: int | None = None)
             prompt = list(checked_tokens(message.tokens))
         if not prompt:
             raise InvalidRequest("prompt tokenizes to nothing")
-        if limit is not None:
-            prompt = fit_prompt(prompt, message, limit)
+        n_vocab = backend.vocab.n_vocab
+        if max(prompt) >= n_vocab or min(prompt) < 0:
+            bad = next(t for t in prompt if not 0 <= t < n_vocab)
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary (n_vocab={n_vocab})")
+        prompt = fit_prompt(prompt, message, limit)
+        bias = dict(message.logit_bias) if message.logit_bias else None
+        if bias and max(bias) >= n_vocab:
+            raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
         grammar = message.grammar
         triggers: Triggers | None = None
         if tools is not None:  # it holds the answer's json_schema, if any
@@ -127,9 +140,6 @@ def prepare(backend: Backend, message: RequestMessage, limit: int | None = None)
             grammar = grammar_for_schema(dict(message.json_schema), backend.sampling.json_schema_grammar)
         if grammar is not None:
             check_grammar(grammar, is_single_token=backend.vocab.is_single_token)
-            bias = dict(message.logit_bias) if message.logit_bias else None
-            if bias and max(bias) >= backend.vocab.n_vocab:
-                raise InvalidRequest(f"logit_bias names token {max(bias)}, outside the vocabulary")
             cost_ms = backend.sampling.probe_grammar(grammar, bias)
             if cost_ms > MAX_GRAMMAR_MS_PER_TOKEN:
                 raise InvalidRequest(
@@ -164,7 +174,7 @@ def prepare(backend: Backend, message: RequestMessage, limit: int | None = None)
         if budget is not None:
             budget_tokens = tuple(backend.vocab.tokenize(close, add_special=False, parse_special=True))
     return Prepared(
-        message, tuple(prompt), grammar, triggers, reply, budget, budget_tokens, call_after_thinking
+        message, tuple(prompt), limit, grammar, triggers, reply, budget, budget_tokens, call_after_thinking
     )
 
 

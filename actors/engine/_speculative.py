@@ -3,7 +3,7 @@ drafter, the measured cost of a forward pass, and each request's acceptance rate
 
 Runs in the engine's thread only. A drafter proposes tokens that would continue a
 slot's tokens; the strategy picks how many to verify (``BatchStrategy.plan_drafts``);
-the forward pass verifies them in the tick's one batch (``ForwardPass._verify``).
+the forward pass verifies them in the tick's one batch (``OutputStage._verify``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
-"""An engine's state and how it reports: the options, the slots, the wait queue, the
-request table, and the helpers that send its telemetry.
+"""The state the engine's parts share: the options, the slots, the wait queue, the
+request table, the caches, and the helpers that send its telemetry.
 
-Every other part of the engine is a class stacked on :class:`EngineState` (see
-:mod:`actors.engine`); all of it runs in the engine's thread only.
+:class:`EngineState` is the one object the scheduler, the runner, the output stage and
+the lifecycle all read and write (see :mod:`actors.engine`); none of them holds state of
+its own that another needs. It runs in the engine's thread only.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import telemetry
@@ -21,7 +23,7 @@ from actors.engine._slots import Choices, Request, Slot
 from actors.engine._speculative import CostModel, Drafter, NgramDrafter
 from strategies import BatchStrategy, SlotState
 
-__all__ = ["EngineConfig", "EngineState"]
+__all__ = ["EngineConfig", "EngineState", "TickCounts"]
 
 
 class EngineConfig:
@@ -67,6 +69,16 @@ class EngineConfig:
         self.ram_budget_bytes = ram_budget_bytes
 
 
+@dataclass(slots=True)
+class TickCounts:
+    """What one tick's forward pass did, for its ``tick`` signal (reset each tick)."""
+
+    eval_s: float = 0.0  # time inside llama_decode
+    drafts: int = 0  # drafts verified (one per slot that had one)
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+
+
 class EngineState:
     """The state every part of the engine shares (engine thread only).
 
@@ -92,19 +104,14 @@ class EngineState:
         self.waiting: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # by Request.key: a choice i > 0 is "id#i"
         self.choices: dict[str, Choices] = {}  # requests with n > 1, by request id
-        self._arrivals = 0
-        self._arrays = BatchArrays(
+        self.arrivals = 0
+        self.arrays = BatchArrays(
             backend.rows.tokens, backend.rows.pos, backend.rows.seq_ids, backend.rows.logits
         )
-        self._eval_s = 0.0  # time inside llama_decode this tick
-        self.generation_ms = 0.0  # a generating tick's time lately, with the actor's between ticks
-        self._generated_at = 0.0  # when the last tick's embedding part ended, if it generated
-        self.embed_window_ms = 0.0  # embedding passes' time lately, while busy (decaying sum)
-        self.other_window_ms = 0.0  # the rest of those ticks' time (decaying sum)
-        self.embed_row_ms = 0.0  # an embedding pass's time per row lately (a moving average)
+        self.now = TickCounts()
         self.preemptions = 0
         self.n_ticks = 0
-        self._n_deadlines = 0  # live requests with a deadline: skip the scan without them
+        self.n_deadlines = 0  # live requests with a deadline: skip the scan without them
         self.draining = False
         # A request entered a slot since the last tick: idle caches may leave the KV.
         self.occupied = False
@@ -114,7 +121,7 @@ class EngineState:
             backend.n_ctx // len(self.slots), backend.n_ctx_train or backend.n_ctx
         )
         self.memory = KVMemory(
-            backend, config.cache_prompt, config.ram_budget_bytes, self._emit, config.prefix_sharing
+            backend, config.cache_prompt, config.ram_budget_bytes, self.emit, config.prefix_sharing
         )
         # Speculative decoding: the drafter, the measured cost of a forward pass, and
         # draft tokens verified and accepted in all (GetStats).
@@ -130,13 +137,9 @@ class EngineState:
         if self.drafter is not None:  # price draft rows by this machine's passes, not a guess
             sizes = [n for n in CostModel.CALIBRATE if n <= self.n_ctx_slot]
             self.cost.calibrate(backend.rows.time_passes(sizes, self.slots[0].seq_id))
-        self.embedder = Embedder(backend, config.max_queue, self._room_for_embeddings, self.memory.cells)
-        self.draft_idle = 0  # ticks since a costly drafter's drafts were last verified
+        self.embedder = Embedder(backend, config.max_queue, self.room_for_embeddings, self.memory.cells)
         self.draft_tokens = 0
         self.draft_accepted = 0
-        self._drafted_now = 0  # this tick's, for the tick signal
-        self._accepted_now = 0
-        self._drafts_now = 0  # drafts verified this tick (one per slot that had one)
 
     @property
     def has_work(self) -> bool:
@@ -147,41 +150,79 @@ class EngineState:
             or any(slot.state is not SlotState.IDLE for slot in self.slots)
         )
 
-    def _room_for_embeddings(self, need: int) -> bool:
-        """Free ``need`` KV cells for an embedding pass, dropping idle slots' caches
-        (least recently used first) if it must; whether they are free."""
+    def busy(self) -> dict[int, Slot]:
+        """The slots that hold a request, by sequence id."""
+        return {slot.seq_id: slot for slot in self.slots if slot.state is not SlotState.IDLE}
+
+    def idle(self) -> list[Slot]:
+        return [slot for slot in self.slots if slot.state is SlotState.IDLE]
+
+    # -- KV room --------------------------------------------------------------------
+
+    def kv_room_for(self, request: Request) -> bool:
+        """Admit only what the KV cells can hold beside the running requests' next tokens.
+
+        Without this a preempted request would take its slot back at once, find no
+        room for its prefill and push another request out: thrashing. Idle caches do
+        not count: they are dropped on demand.
+        """
+        busy = [slot for slot in self.slots if slot.request is not None]
+        if not busy:
+            return True
+        memory = self.memory
+        held = memory.cells.used - memory.idle_cells(self.slots)  # a shared cell counts once
+        # A prefilling slot will soon hold its whole context; the new request shares
+        # what busy slots hold of its prompt.
+        coming = sum(max(0, len(slot.request.context) - len(slot.cached)) for slot in busy if slot.request)
+        need = len(request.context) - memory.reusable(request, self.slots)
+        return held + coming + len(busy) + need <= self.backend.n_ctx
+
+    def purge_idle(self, need: int | None = None, last: frozenset[int] = frozenset()) -> int:
+        """Free idle caches (saved to RAM when on), least recently used first and ``last``'s
+        last, until ``need`` cells are free (all when None); how many were purged."""
+        purged = self.memory.purge_idle(self.slots, need, last)
+        if purged:
+            self.kv_event("purge", {"purged_slots": purged})
+        return purged
+
+    def make_room(self, need: int, last: frozenset[int] = frozenset()) -> bool:
+        """``purge_idle`` until ``need`` cells are free (a RAM restore or an embedding
+        pass needs that many empty); whether they are."""
         if self.memory.free_cells < need:
-            purged = self.memory.purge_idle(self.slots, need)
-            if purged:
-                self._kv_event("purge", {"purged_slots": purged})
+            self.purge_idle(need, last)
         return self.memory.free_cells >= need
 
-    def _kv_use(self) -> dict[str, int]:
-        """KV cells holding tokens and KV cells in all, as GetStats and the signals say."""
-        return {
-            "kv_cells_used": self.memory.cells.used,
-            "kv_cells_total": self.backend.n_ctx,
-        }
+    def room_for_embeddings(self, need: int) -> bool:
+        """``make_room`` for an embedding pass (the embedder's callback)."""
+        return self.make_room(need)
 
-    def _kv_event(self, event: str, measurements: dict[str, Any], request: Request | None = None) -> None:
+    # -- telemetry ------------------------------------------------------------------
+
+    def kv_use(self) -> dict[str, int]:
+        """KV cells holding tokens and KV cells in all, as GetStats and the signals say."""
+        return {"kv_cells_used": self.memory.cells.used, "kv_cells_total": self.backend.n_ctx}
+
+    def kv_event(self, event: str, measurements: dict[str, Any], request: Request | None = None) -> None:
+        """A ``kv_pressure`` signal (when anyone listens)."""
         if telemetry.kv_pressure.receivers:
-            self._send(
+            self.send(
                 telemetry.kv_pressure,
-                {**measurements, **self._kv_use()},
+                {**measurements, **self.kv_use()},
                 {"event": event, "request_id": request.request_id if request else None},
             )
 
-    def _send(self, signal: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+    def send(self, signal: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         """Emit ``signal`` as this engine, its ``name`` in ``metadata["replica"]`` when it has one."""
         if self.config.name is not None:
             metadata = {**metadata, "replica": self.config.name}
         telemetry.emit(signal, self.sender, measurements, metadata)
 
-    def _emit(self, name: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+    def emit(self, name: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """The signal called ``name``, when anyone listens (the caches' callback)."""
         signal = getattr(telemetry, name)
         if signal.receivers:
-            self._send(signal, measurements, metadata)
+            self.send(signal, measurements, metadata)
 
     @staticmethod
-    def _metadata(request: Request) -> dict[str, Any]:
+    def metadata(request: Request) -> dict[str, Any]:
         return {"request_id": request.request_id, "seq_id": request.seq_id, "mode": request.mode}

@@ -1,5 +1,7 @@
-"""How a request ends: a ``Completion``, a ``Done`` or a ``Failed`` delivered exactly
-once, its telemetry first, its sampler freed and its slot released.
+"""A request's way through a slot as its caller and telemetry see it: it enters a slot
+(``request_start``, a ``Progress``), and it ends, with a ``Completion``, a ``Done`` or
+a ``Failed`` delivered exactly once, its telemetry first, its sampler freed and its slot
+released.
 
 Runs in the engine's thread only; stream events go through the courier, which never
 blocks it.
@@ -12,59 +14,98 @@ import time
 from typing import Any
 
 import telemetry
-from actors.contract import Completion, Done, EngineError, Failed, StopReason, Token, ToolCall
+from actors.contract import Completion, Done, EngineError, Failed, Progress, StopReason, Token, ToolCall
 from actors.engine._delivery import courier, settle
 from actors.engine._slots import Choices, Request, Slot
 from actors.engine._state import EngineState
 from strategies import SlotState
 
-__all__ = ["Finishing"]
+__all__ = ["Lifecycle"]
 
 _log = logging.getLogger("llama_cpp_actors.engine")
 
 
-class Finishing(EngineState):
-    """Ending requests: finish, fail, cancel, deliver (engine thread only)."""
+class Lifecycle:
+    """Starting and ending requests: occupy, progress, finish, fail, cancel, deliver
+    (engine thread only).
 
-    def _stop_request(self, request: Request, stop_reason: StopReason) -> None:
+    Args:
+        state: the engine's shared state.
+    """
+
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+
+    def occupy(self, slot: Slot, request: Request, n_reuse: int) -> None:
+        """``request`` enters ``slot``, which holds ``n_reuse`` of its tokens already."""
+        slot.request = request
+        slot.state = SlotState.PREFILLING
+        self.state.occupied = True
+        request.seq_id = slot.seq_id
+        if not request.started:  # a request resumed after a preemption was announced already
+            request.started = True
+            request.prefix_cache_tokens = n_reuse
+            request.t_started = time.monotonic()
+            if telemetry.request_start.receivers:
+                self.state.send(
+                    telemetry.request_start,
+                    {"prompt_tokens": len(request.prompt), "prefix_cache_tokens": n_reuse},
+                    {"request_id": request.request_id, "seq_id": slot.seq_id, "mode": request.mode},
+                )
+        if request.progress and not request.token_ids:
+            request.prefill_cached = n_reuse
+            self.progress(slot)  # last: a consumer that is gone cancels the request here
+
+    def progress(self, slot: Slot) -> bool:
+        """Send the slot's prefill progress to its stream (``progress=True`` only); False
+        when the consumer is gone and the request was cancelled."""
+        request = slot.request
+        assert request is not None
+        cached = request.prefill_cached
+        processed = len(slot.cached)
+        elapsed_ms = (time.monotonic() - request.t_started) * 1000.0 if processed > cached else 0.0
+        event = Progress(request.request_id, processed, len(request.prompt), cached, elapsed_ms)
+        return self.put(request, event)
+
+    def stop_request(self, request: Request, stop_reason: StopReason) -> None:
         if request.seq_id < 0:
-            self.waiting.remove(request)
+            self.state.waiting.remove(request)
             completion = self._close(request, stop_reason)
             if request.started:  # preempted, waiting to resume
                 self._emit_done(request, completion.stop_reason)
             self._deliver(request, completion)
         else:
-            self._finish(self.slots[request.seq_id], stop_reason)
+            self.finish(self.state.slots[request.seq_id], stop_reason)
 
-    def _put(self, request: Request, event: object) -> bool:
+    def put(self, request: Request, event: object) -> bool:
         """Hand a stream event to the courier (it never blocks the engine; a full queue
         holds it); a consumer that is gone cancels the request."""
         assert request.reply_to is not None
         if not courier.send(request.reply_to, event, request.on_stall):
             _log.warning("stream consumer of %s is gone; cancelling", request.request_id)
             request.reply_to = None  # nobody to tell any more
-            if request.seq_id >= 0 and self.slots[request.seq_id].request is request:
-                self._finish(self.slots[request.seq_id], "cancelled")
+            if request.seq_id >= 0 and self.state.slots[request.seq_id].request is request:
+                self.finish(self.state.slots[request.seq_id], "cancelled")
             return False
         return True
 
-    def _finish(self, slot: Slot, stop_reason: StopReason) -> None:
+    def finish(self, slot: Slot, stop_reason: StopReason) -> None:
         """End the slot's request normally; telemetry first, so observers see it by
         the time the caller does."""
         request = slot.release()
         assert request is not None
         # Positions rewritten by a shift, or a request that keeps nothing for reuse.
         if slot.shifted or not request.message.cache_prompt:
-            self.memory.drop(slot)
+            self.state.memory.drop(slot)
         completion = self._close(request, stop_reason)
         self._emit_done(request, completion.stop_reason)
         self._deliver(request, completion)
 
     def _emit_done(self, request: Request, stop_reason: StopReason) -> None:
         if telemetry.request_done.receivers:
-            metadata = self._metadata(request)
+            metadata = self.state.metadata(request)
             metadata["stop_reason"] = stop_reason
-            self._send(telemetry.request_done, self._measurements(request), metadata)
+            self.state.send(telemetry.request_done, self._measurements(request), metadata)
 
     def _close(self, request: Request, stop_reason: StopReason) -> Completion:
         """Forget the request, free its sampler and build its ``Completion``."""
@@ -120,11 +161,11 @@ class Finishing(EngineState):
         )
 
     def _forget(self, request: Request) -> None:
-        self.requests.pop(request.key, None)
+        self.state.requests.pop(request.key, None)
         if request.deadline is not None:
-            self._n_deadlines -= 1
+            self.state.n_deadlines -= 1
             request.deadline = None
-        self.backend.sampling.free(request.sampler)
+        self.state.backend.sampling.free(request.sampler)
         request.t_finished = time.monotonic()
 
     def _deliver(self, request: Request, completion: Completion) -> None:
@@ -137,30 +178,30 @@ class Finishing(EngineState):
         if request.future is not None:
             settle(request.future, completion)
         elif request.reply_to is not None:
-            if request.last is not None and not self._put(request, request.last):
+            if request.last is not None and not self.put(request, request.last):
                 return
-            self._put(request, Done(request.request_id, completion, request.index))
+            self.put(request, Done(request.request_id, completion, request.index))
 
     def _settled(self, group: Choices) -> None:
         """Forget a request's choices once each has its outcome."""
-        if all(r.key not in self.requests for r in group.requests):
-            self.choices.pop(group.leader.request_id, None)
+        if all(r.key not in self.state.requests for r in group.requests):
+            self.state.choices.pop(group.leader.request_id, None)
 
-    def _fail(self, slot: Slot, error: EngineError) -> None:
+    def fail(self, slot: Slot, error: EngineError) -> None:
         """Fail the slot's request and drop its KV (it may be half written)."""
         request = slot.release()
         assert request is not None
-        self.memory.drop(slot)
+        self.state.memory.drop(slot)
         self._forget(request)
         self._emit_exception(request, error)
         self._deliver_error(request, error)
 
     def _emit_exception(self, request: Request, error: EngineError) -> None:
         if telemetry.request_exception.receivers:
-            metadata = self._metadata(request)
+            metadata = self.state.metadata(request)
             metadata["stop_reason"] = "error"
             metadata["reason"] = str(error)
-            self._send(telemetry.request_exception, self._measurements(request), metadata)
+            self.state.send(telemetry.request_exception, self._measurements(request), metadata)
 
     def _deliver_error(self, request: Request, error: EngineError) -> None:
         group = request.choices
@@ -170,21 +211,21 @@ class Finishing(EngineState):
             if group.future is not None:
                 settle(group.future, error=error)
             for other in group.requests:
-                if other is not request and other.key in self.requests:
-                    self._fail_request(other, error)
+                if other is not request and other.key in self.state.requests:
+                    self.fail_request(other, error)
         if group is not None:
             self._settled(group)
         if request.future is not None:
             settle(request.future, error=error)
         elif request.reply_to is not None:
-            self._put(request, Failed(request.request_id, error, request.index))
+            self.put(request, Failed(request.request_id, error, request.index))
 
-    def _fail_request(self, request: Request, error: EngineError) -> None:
+    def fail_request(self, request: Request, error: EngineError) -> None:
         """Fail a request wherever it is: in a slot, or waiting (queued or preempted)."""
         if request.seq_id >= 0:
-            self._fail(self.slots[request.seq_id], error)
+            self.fail(self.state.slots[request.seq_id], error)
             return
-        self.waiting.remove(request)
+        self.state.waiting.remove(request)
         self._forget(request)
         if request.started:
             self._emit_exception(request, error)
@@ -192,12 +233,12 @@ class Finishing(EngineState):
 
     def fail_all(self, error: EngineError) -> None:
         """Fail every running and queued request (engine stopping)."""
-        for slot in self.slots:
+        for slot in self.state.slots:
             if slot.state is not SlotState.IDLE:
-                self._fail(slot, error)
-        while self.waiting:  # preempted ones had a start: they get their end
-            self._fail_request(self.waiting[0], error)
-        self.embedder.fail_all(error)
+                self.fail(slot, error)
+        while self.state.waiting:  # preempted ones had a start: they get their end
+            self.fail_request(self.state.waiting[0], error)
+        self.state.embedder.fail_all(error)
 
     @staticmethod
     def _timings(request: Request) -> tuple[float, float]:
