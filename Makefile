@@ -61,6 +61,8 @@ lint: install
 	$(PY) -m ruff check actors strategies telemetry examples tests bench
 	$(PY) -m ruff format --check actors strategies telemetry examples tests bench
 	$(PY) -m mypy actors strategies telemetry examples
+	# The handles are EngineHandles and the fake backend a Backend, statically.
+	MYPYPATH=tests $(PY) -m mypy tests/typing_handles.py tests/fake_backend.py
 	# The layers import downward only; the contracts are in .importlinter.
 	$(VENV)/bin/lint-imports
 

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from actors.actor import MemoryEstimate, ServerActor, Supervisor, estimate_memory
+from actors.actor import MemoryEstimate, ServerActor, ServerOptions, Supervisor, estimate_memory
 from actors.backend import Tokenizer, default_model_path
 from actors.client import (
     achat,
@@ -35,6 +35,7 @@ from actors.contract import (
     Drain,
     Embed,
     Embeddings,
+    EngineHandle,
     EngineError,
     EngineStopped,
     Failed,
@@ -78,6 +79,7 @@ __all__ = [
     "Drain",
     "Embed",
     "Embeddings",
+    "EngineHandle",
     "EngineError",
     "EngineStopped",
     "Failed",
@@ -100,6 +102,7 @@ __all__ = [
     "RequestTimeout",
     "SamplingParams",
     "ServerActor",
+    "ServerOptions",
     "ServerPool",
     "StopReason",
     "StrategyError",

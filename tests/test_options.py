@@ -8,7 +8,7 @@ process instead of raising.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +23,7 @@ from helpers import Opaque
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import ConfigError, ServerActor
+from actors import ConfigError, ServerActor, ServerOptions, Supervisor
 from actors.actor._option_values import (
     KV_CACHE_TYPES,
     MAX_N_CTX,
@@ -38,7 +38,7 @@ from strategies import DecodeMaximal
 
 pytestmark = pytest.mark.timeout(120)
 
-OPTION_NAMES = [name for name in inspect.signature(check_options).parameters]
+OPTION_NAMES = [f.name for f in dataclasses.fields(ServerOptions) if f.init]
 QUANTIZED_KV = sorted(t for t in KV_CACHE_TYPES if KV_CACHE_TYPES[t] not in ("f32", "f16", "bf16"))
 FLOAT_KV = sorted(t for t in KV_CACHE_TYPES if t not in QUANTIZED_KV)
 
@@ -215,11 +215,40 @@ def test_an_unknown_option_is_still_a_type_error_naming_it(model_path: str) -> N
         ServerActor.start(model_path=model_path, n_ctx_slot=512)
 
 
-def test_check_options_takes_the_same_options_and_defaults_as_server_actor() -> None:
-    ours = inspect.signature(check_options).parameters
-    theirs = inspect.signature(ServerActor.__init__).parameters
-    assert list(ours) == [p for p in theirs if p != "self"]
-    assert {k: p.default for k, p in ours.items()} == {k: theirs[k].default for k in ours}
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("temperature", "temp"), ("n_paralel", "n_parallel"), ("ctx_size", "n_ctx"),
+     ("presence_penalty", "penalty_present"), ("chunksize", "chunk_size"), ("model", "model_path")],
+)  # fmt: skip
+def test_an_unknown_option_names_the_option_it_likely_meant(typo: str, meant: str) -> None:
+    for start in (ServerOptions.of, ServerActor, Supervisor.start, ServerOptions().replace):
+        with pytest.raises(TypeError, match=f"did you mean '{meant}'"):
+            start(**{typo: 1})
+    with pytest.raises(TypeError, match=r"options\.md"):  # nothing close: where to look
+        ServerOptions.of(zzzz=1)
+
+
+def test_server_options_are_checked_when_made_and_frozen() -> None:
+    with pytest.raises(ConfigError, match="n_parallel"):
+        ServerOptions(n_parallel=0)
+    options = ServerOptions(n_parallel=2, n_ctx=1024, temp=0.0)
+    assert options.checked.n_parallel == 2 and options.checked.defaults.temp == 0.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.n_parallel = 8  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="n_batch"):  # a change is checked again, in combination
+        options.replace(n_batch=1)
+    assert options.replace(name="a").checked.name == "a" and options.checked.name is None
+    # The keywords and the object are the same options.
+    assert check_options(n_parallel=2, n_ctx=1024, temp=0.0) == options.checked
+
+
+def test_an_engine_starts_from_server_options_with_changes_by_name(model_path: str) -> None:
+    options = ServerOptions(model_path=model_path, n_parallel=1, n_ctx=256)
+    actor = ServerActor(options, name="a")  # checks only: the model loads in on_start
+    assert actor.actor_server_options == options.replace(name="a")
+    assert actor.actor_config.name == "a" and actor.actor_options.n_parallel == 1
+    with pytest.raises(TypeError, match="ServerOptions"):
+        ServerActor({"n_parallel": 1})  # type: ignore[arg-type]
 
 
 def test_the_defaults_and_valid_values_are_kept() -> None:

@@ -9,16 +9,19 @@ It imports the engine core, the backend and the request contract (and ``strategi
 from __future__ import annotations
 
 from actors.actor._estimate import MemoryEstimate, estimate_memory, estimate_options
-from actors.actor._options import StartOptions, check_options
+from actors.actor._options import OPTION_NAMES, ServerOptions, StartOptions, check_options, unknown_option
 from actors.actor._server import ServerActor
 from actors.actor._supervisor import Supervisor
 
 __all__ = [
+    "OPTION_NAMES",
     "MemoryEstimate",
     "ServerActor",
+    "ServerOptions",
     "StartOptions",
     "Supervisor",
     "check_options",
     "estimate_memory",
     "estimate_options",
+    "unknown_option",
 ]

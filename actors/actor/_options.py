@@ -33,9 +33,12 @@ allocates but the machine cannot hold is not caught here.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from actors.actor._option_values import (
     _FLOAT_KV_TYPES,
@@ -63,7 +66,7 @@ from actors.contract import ConfigError, SamplingParams
 from actors.engine import EngineConfig
 from strategies import BatchStrategy, DecodeMaximal
 
-__all__ = ["StartOptions", "check_options"]
+__all__ = ["OPTION_NAMES", "ServerOptions", "StartOptions", "check_options", "unknown_option"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,62 +146,170 @@ class StartOptions:
         )
 
 
-def check_options(
-    *,
-    model_path: object = None,
-    n_parallel: object = 4,
-    n_ctx: object = 8192,
-    n_batch: object = None,
-    chunk_size: object = 512,
-    max_queue: object = 64,
-    cache_prompt: object = True,
-    prefix_sharing: object = True,
-    cache_idle_slots: object = True,
-    batch_strategy: object = None,
-    n_threads: object = None,
-    temp: object = 0.8,
-    top_k: object = 40,
-    top_p: object = 0.95,
-    min_p: object = 0.05,
-    seed: object = None,
-    penalty_last_n: object = 64,
-    penalty_repeat: object = 1.0,
-    penalty_freq: object = 0.0,
-    penalty_present: object = 0.0,
-    grammar: object = None,
-    n_ubatch: object = None,
-    n_threads_batch: object = None,
-    flash_attn: object = None,
-    type_k: object = None,
-    type_v: object = None,
-    n_gpu_layers: object = 0,
-    use_mmap: object = True,
-    use_mlock: object = False,
-    n_ctx_per_slot: object = None,
-    context_shift: object = True,
-    prompt_cache_ram_mb: object = 0,
-    name: object = None,
-    chat_template: object = None,
-    chat_template_kwargs: object = None,
-    spec_type: object = None,
-    draft_max: object = 16,
-    draft_model_path: object = None,
-    draft_p_min: object = 0.0,
-) -> StartOptions:
-    """Check ``ServerActor``'s start options, each and in combination (caller's thread).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerOptions:
+    """Every start option of a ``ServerActor``, checked when made (the caller's thread).
 
-    Takes the same keywords and defaults as ``ServerActor.__init__``, values of any
-    type. Pure: it loads nothing, reads no file and changes nothing; it asks the OS only
-    for the cores it may use and the size of its memory.
-
-    Returns:
-        the options checked, as plain values, with the defaults that depend on other
-        options resolved (``n_batch``, ``n_ubatch``, ``n_threads``, ``n_threads_batch``).
+    ``ServerActor.start(**options)`` makes one of these; so do the ``Supervisor``, the
+    ``ServerPool``, the ``ModelManager`` and ``serve``'s command line, so an option is
+    declared here once, with its default, and each of them takes it by the same name.
+    The options reference page lists exactly these fields. The values are the
+    caller's, as given; :attr:`checked` holds them checked, each alone and in
+    combination, with the defaults that depend on other options resolved.
 
     Raises:
         ConfigError: an option has the wrong type or is out of range, or two options
             contradict each other; the message names the option and the rule.
     """
+
+    model_path: str | os.PathLike[str] | None = None
+    n_parallel: int = 4
+    n_ctx: int = 8192
+    n_batch: int | None = None
+    chunk_size: int = 512
+    max_queue: int = 64
+    cache_prompt: bool = True
+    prefix_sharing: bool = True
+    cache_idle_slots: bool = True
+    batch_strategy: BatchStrategy | None = None
+    n_threads: int | None = None
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    penalty_last_n: int = 64
+    penalty_repeat: float = 1.0
+    penalty_freq: float = 0.0
+    penalty_present: float = 0.0
+    grammar: str | None = None
+    n_ubatch: int | None = None
+    n_threads_batch: int | None = None
+    flash_attn: bool | None = None
+    type_k: int | None = None
+    type_v: int | None = None
+    n_gpu_layers: int = 0
+    use_mmap: bool = True
+    use_mlock: bool = False
+    n_ctx_per_slot: int | None = None
+    context_shift: bool = True
+    prompt_cache_ram_mb: float = 0
+    name: str | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    spec_type: Literal["ngram", "draft"] | None = None
+    draft_max: int = 16
+    draft_model_path: str | os.PathLike[str] | None = None
+    draft_p_min: float = 0.0
+    checked: StartOptions = field(init=False, repr=False, compare=False)
+    """The options checked, as plain values (``n_batch``, ``n_ubatch``, ``n_threads``
+    and ``n_threads_batch`` resolved, the sampling defaults as ``SamplingParams``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checked", _check(self))
+
+    @classmethod
+    def of(cls, **options: Any) -> ServerOptions:
+        """The options named by keyword, as ``ServerActor.start`` takes them.
+
+        Raises:
+            TypeError: a keyword that is not an option, named with the option it most
+                likely meant ("did you mean ``temp``?").
+            ConfigError: as the constructor.
+        """
+        _known(options)
+        return cls(**options)
+
+    def replace(self, **changes: Any) -> ServerOptions:
+        """These options with ``changes`` (checked again, as :meth:`of`)."""
+        _known(changes)
+        return dataclasses.replace(self, **changes)
+
+
+OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ServerOptions) if f.init)
+"""The names ``ServerActor.start`` takes."""
+
+# Names other libraries and llama-server give these options.
+_ALIASES = {
+    "temperature": "temp", "model": "model_path", "ctx_size": "n_ctx", "context_size": "n_ctx",
+    "threads": "n_threads", "batch_size": "n_batch", "ubatch_size": "n_ubatch",
+    "parallel": "n_parallel", "n_slots": "n_parallel", "slots": "n_parallel",
+    "presence_penalty": "penalty_present", "frequency_penalty": "penalty_freq",
+    "repeat_penalty": "penalty_repeat", "repeat_last_n": "penalty_last_n",
+    "flash_attention": "flash_attn", "cache_type_k": "type_k", "cache_type_v": "type_v",
+    "gpu_layers": "n_gpu_layers", "ngl": "n_gpu_layers", "mlock": "use_mlock", "mmap": "use_mmap",
+    "draft_model": "draft_model_path", "model_draft": "draft_model_path", "strategy": "batch_strategy",
+}  # fmt: skip
+
+
+def _known(options: Mapping[str, object]) -> None:
+    unknown = [name for name in options if name not in OPTION_NAMES]
+    if unknown:
+        raise TypeError(unknown_option(unknown[0]))
+
+
+def unknown_option(name: str) -> str:
+    """What to say of a keyword that is not an option (any thread)."""
+    guess = _ALIASES.get(name) or next(iter(difflib.get_close_matches(name, OPTION_NAMES, n=1)), None)
+    hint = f"; did you mean {guess!r}?" if guess else " (see docs/reference/options.md)"
+    return f"{name!r} is not an option of ServerActor.start(){hint}"
+
+
+def check_options(**options: Any) -> StartOptions:
+    """``ServerOptions.of(**options).checked``: ``ServerActor.start``'s keywords checked
+    (caller's thread). Pure: it loads nothing, reads no file and changes nothing; it asks
+    the OS only for the cores it may use and the size of its memory.
+
+    Raises:
+        TypeError: an unknown keyword.
+        ConfigError: an option has the wrong type or is out of range, or two options
+            contradict each other; the message names the option and the rule.
+    """
+    return ServerOptions.of(**options).checked
+
+
+def _check(options: ServerOptions) -> StartOptions:
+    """Check ``options``, each and in combination (caller's thread); see the module's
+    docstring for why each bound is what it is."""
+    model_path: object = options.model_path
+    n_parallel: object = options.n_parallel
+    n_ctx: object = options.n_ctx
+    n_batch: object = options.n_batch
+    chunk_size: object = options.chunk_size
+    max_queue: object = options.max_queue
+    cache_prompt: object = options.cache_prompt
+    prefix_sharing: object = options.prefix_sharing
+    cache_idle_slots: object = options.cache_idle_slots
+    batch_strategy: object = options.batch_strategy
+    n_threads: object = options.n_threads
+    temp: object = options.temp
+    top_k: object = options.top_k
+    top_p: object = options.top_p
+    min_p: object = options.min_p
+    seed: object = options.seed
+    penalty_last_n: object = options.penalty_last_n
+    penalty_repeat: object = options.penalty_repeat
+    penalty_freq: object = options.penalty_freq
+    penalty_present: object = options.penalty_present
+    grammar: object = options.grammar
+    n_ubatch: object = options.n_ubatch
+    n_threads_batch: object = options.n_threads_batch
+    flash_attn: object = options.flash_attn
+    type_k: object = options.type_k
+    type_v: object = options.type_v
+    n_gpu_layers: object = options.n_gpu_layers
+    use_mmap: object = options.use_mmap
+    use_mlock: object = options.use_mlock
+    n_ctx_per_slot: object = options.n_ctx_per_slot
+    context_shift: object = options.context_shift
+    prompt_cache_ram_mb: object = options.prompt_cache_ram_mb
+    name: object = options.name
+    chat_template: object = options.chat_template
+    chat_template_kwargs: object = options.chat_template_kwargs
+    spec_type: object = options.spec_type
+    draft_max: object = options.draft_max
+    draft_model_path: object = options.draft_model_path
+    draft_p_min: object = options.draft_p_min
     n_parallel = _int("n_parallel", n_parallel, 1, MAX_N_PARALLEL, " (llama.cpp's LLAMA_MAX_SEQ)")
     # A slot needs a cell for a prompt token and one for the token it generates.
     n_ctx = _int("n_ctx", n_ctx, 2, MAX_N_CTX)

@@ -12,18 +12,16 @@ import atexit
 import contextlib
 import dataclasses
 import logging
-import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import pykka
 
 import telemetry
-from actors.actor._options import check_options
+from actors.actor._options import ServerOptions
 from actors.actor._ref import TICK, EngineRef, _Admit, _Told
 from actors.backend import LlamaBackend, Tokenizer, exact_attention, resolve_model_path
 from actors.contract import (
@@ -46,7 +44,6 @@ from actors.contract import (
     check_grammar,
 )
 from actors.engine import Engine, PreparedEmbed, courier, prepare, prepare_embed, settle
-from strategies import BatchStrategy
 
 __all__ = ["ServerActor"]
 
@@ -94,87 +91,52 @@ class ServerActor(pykka.ThreadingActor):
         """This actor's ref: an :class:`actors.actor._ref.EngineRef`."""
         return self._actor_ref  # type: ignore[return-value]
 
-    def __init__(
-        self,
-        *,
-        model_path: str | os.PathLike[str] | None = None,
-        n_parallel: int = 4,
-        n_ctx: int = 8192,
-        n_batch: int | None = None,
-        chunk_size: int = 512,
-        max_queue: int = 64,
-        cache_prompt: bool = True,
-        prefix_sharing: bool = True,
-        cache_idle_slots: bool = True,
-        batch_strategy: BatchStrategy | None = None,
-        n_threads: int | None = None,
-        temp: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        seed: int | None = None,
-        penalty_last_n: int = 64,
-        penalty_repeat: float = 1.0,
-        penalty_freq: float = 0.0,
-        penalty_present: float = 0.0,
-        grammar: str | None = None,
-        n_ubatch: int | None = None,
-        n_threads_batch: int | None = None,
-        flash_attn: bool | None = None,
-        type_k: int | None = None,
-        type_v: int | None = None,
-        n_gpu_layers: int = 0,
-        use_mmap: bool = True,
-        use_mlock: bool = False,
-        n_ctx_per_slot: int | None = None,
-        context_shift: bool = True,
-        prompt_cache_ram_mb: float = 0,
-        name: str | None = None,
-        chat_template: str | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        spec_type: Literal["ngram", "draft"] | None = None,
-        draft_max: int = 16,
-        draft_model_path: str | os.PathLike[str] | None = None,
-        draft_p_min: float = 0.0,
-    ) -> None:
+    def __init__(self, options: ServerOptions | None = None, /, **changes: Any) -> None:
+        """Check the options (the caller's thread); the model loads in ``on_start``.
+
+        Args:
+            options: a :class:`ServerOptions`, or None for the defaults.
+            **changes: options by name (``ServerActor.start(n_parallel=8)``), over
+                ``options``; every name is in the options reference.
+
+        Raises:
+            TypeError: a name that is not an option (with the one it likely meant).
+            ConfigError: a value out of range, or two that contradict each other.
+            ModelLoadError: the model file cannot be found.
+        """
         super().__init__()
         # pykka made a plain ActorRef; ours prepares requests in the sender's thread.
         self._actor_ref = EngineRef(self)
         # Every option is checked, alone and against the others, before anything is
         # loaded: llama.cpp aborts the process on some of them (see actors.actor._options).
-        options = check_options(
-            model_path=model_path, n_parallel=n_parallel, n_ctx=n_ctx, n_batch=n_batch,
-            chunk_size=chunk_size, max_queue=max_queue, cache_prompt=cache_prompt,
-            prefix_sharing=prefix_sharing, cache_idle_slots=cache_idle_slots,
-            batch_strategy=batch_strategy, n_threads=n_threads, temp=temp, top_k=top_k,
-            top_p=top_p, min_p=min_p, seed=seed, penalty_last_n=penalty_last_n,
-            penalty_repeat=penalty_repeat, penalty_freq=penalty_freq,
-            penalty_present=penalty_present, grammar=grammar, n_ubatch=n_ubatch,
-            n_threads_batch=n_threads_batch, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
-            n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, use_mlock=use_mlock,
-            n_ctx_per_slot=n_ctx_per_slot, context_shift=context_shift,
-            prompt_cache_ram_mb=prompt_cache_ram_mb, name=name, chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs, spec_type=spec_type, draft_max=draft_max,
-            draft_model_path=draft_model_path, draft_p_min=draft_p_min,
-        )  # fmt: skip
-        self.actor_options = options.backend_options(resolve_model_path(options.model_path))
+        if options is not None and not isinstance(options, ServerOptions):
+            raise TypeError(f"options must be a ServerOptions, got {type(options).__name__}")
+        if options is None:
+            options = ServerOptions.of(**changes)
+        elif changes:
+            options = options.replace(**changes)
+        self.actor_server_options = options
+        checked = options.checked
+        self.actor_options = checked.backend_options(resolve_model_path(checked.model_path))
         # The draft model (spec_type="draft"): the target's context options, its own file.
         self.actor_draft_options = (
             None
-            if options.draft_model_path is None
+            if checked.draft_model_path is None
             else dataclasses.replace(
                 self.actor_options,
-                model_path=resolve_model_path(options.draft_model_path),
+                model_path=resolve_model_path(checked.draft_model_path),
                 type_k=None,
                 type_v=None,
             )
         )
-        self.actor_config = options.engine_config()
-        self.actor_chat_template = options.chat_template
-        self.actor_chat_template_kwargs = options.chat_template_kwargs
+        self.actor_config = checked.engine_config()
+        self.actor_chat_template = checked.chat_template
+        self.actor_chat_template_kwargs = checked.chat_template_kwargs
         self.actor_engine: Engine | None = None
         self.actor_backend: LlamaBackend | None = None  # the engine's, once loaded
-        self._who = "the engine" if name is None else f"the engine {name!r}"  # in error messages
+        self._who = (
+            "the engine" if checked.name is None else f"the engine {checked.name!r}"
+        )  # in error messages
         self._tick_scheduled = False
         self._drain: tuple[pykka.ThreadingFuture[int], float | None] | None = None
         self._drain_future: pykka.ThreadingFuture[int] | None = None  # every Drain gets this one

@@ -24,6 +24,7 @@ from typing import Any
 import pykka
 
 import telemetry
+from actors.actor._options import ServerOptions
 from actors.actor._server import ServerActor, crash_reason
 from actors.contract import Cancel, CancelExact, ConfigError, Drain, EngineStopped, RequestTimeout
 
@@ -44,14 +45,14 @@ _CRASH_REASON_GRACE_S = 0.5
 class Supervisor:
     """A restarting handle around a ServerActor. Start it with :meth:`start`."""
 
-    def __init__(self, max_restarts: int, max_seconds: float, server_options: dict[str, Any]) -> None:
+    def __init__(self, max_restarts: int, max_seconds: float, options: ServerOptions) -> None:
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         if not isinstance(max_seconds, int | float) or max_seconds <= 0:
             raise ConfigError(f"max_seconds must be > 0, got {max_seconds!r}")
         self.max_restarts = max_restarts
         self.max_seconds = float(max_seconds)
-        self._options = server_options
+        self._options = options  # checked once: each restart starts from the same
         self._lock = threading.Condition()
         self._ref: pykka.ActorRef[Any] | None = None
         self._stopped: str | None = None  # why no actor will come: stop(), a drain, a purposeful stop
@@ -62,13 +63,26 @@ class Supervisor:
         self.restarts = 0
 
     @classmethod
-    def start(cls, *, max_restarts: int = 3, max_seconds: float = 5.0, **server_options: Any) -> Supervisor:
-        """Start a supervised ServerActor; options are ``ServerActor.start``'s (caller's thread).
+    def start(
+        cls,
+        options: ServerOptions | None = None,
+        /,
+        *,
+        max_restarts: int = 3,
+        max_seconds: float = 5.0,
+        **changes: Any,
+    ) -> Supervisor:
+        """Start a supervised ServerActor; the options are ``ServerActor.start``'s, a
+        :class:`ServerOptions` and changes by name (caller's thread).
 
-        Bad options raise here, from the first start, as they would from ``ServerActor.start``.
+        Bad options raise here, before anything starts, as they would from
+        ``ServerActor.start``.
         """
-        supervisor = cls(max_restarts, max_seconds, server_options)
-        supervisor._ref = ServerActor.start(**server_options)
+        if options is not None and not isinstance(options, ServerOptions):
+            raise TypeError(f"options must be a ServerOptions, got {type(options).__name__}")
+        options = ServerOptions.of(**changes) if options is None else options.replace(**changes)
+        supervisor = cls(max_restarts, max_seconds, options)
+        supervisor._ref = ServerActor.start(options)
         thread = threading.Thread(target=supervisor._monitor, name="llama-cpp-actors-supervisor", daemon=True)
         supervisor._monitor_thread = thread
         thread.start()
@@ -271,7 +285,7 @@ class Supervisor:
                 if self._stopped is not None:
                     return
             try:
-                new = ServerActor.start(**self._options)
+                new = ServerActor.start(self._options)
             except Exception as e:  # the options were fine once: the model went away
                 with self._lock:
                     self._gave_up = f"the engine could not be restarted: {e!r}"
@@ -287,7 +301,7 @@ class Supervisor:
                 new.stop(block=True)
                 return
             if telemetry.server_restart.receivers:
-                name = self._options.get("name")
+                name = self._options.checked.name
                 telemetry.emit(
                     telemetry.server_restart,
                     self,

@@ -25,6 +25,7 @@ from actors.client._helpers import _RESTART_WAIT_S, _Restarting, _tell_cancel
 from actors.contract import (
     Completion,
     Done,
+    EngineHandle,
     EngineStopped,
     Failed,
     InvalidRequest,
@@ -111,7 +112,7 @@ class _LoopQueue:
             self._timer = None
 
 
-async def _target(ref: Any, deadline: float | None) -> Any:
+async def _target(ref: EngineHandle, deadline: float | None) -> Any:
     """As ``_helpers._target``, polling a Supervisor's restart on the loop (loop thread)."""
     if not isinstance(ref, _Restarting):
         return ref
@@ -130,7 +131,9 @@ async def _target(ref: Any, deadline: float | None) -> Any:
         await asyncio.sleep(_RESTART_POLL_S)
 
 
-async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> AsyncGenerator[Event, None]:
+async def _events(
+    ref: EngineHandle, make: Any, timeout: float | None, *, each: bool
+) -> AsyncGenerator[Event, None]:
     """The request's events; ``timeout`` bounds them all, or each one with ``each`` (loop thread)."""
     import asyncio
 
@@ -169,20 +172,22 @@ async def _events(ref: Any, make: Any, timeout: float | None, *, each: bool) -> 
             _tell_cancel(target, message)
 
 
-def _build_and_tell(target: Any, make: Any, channel: _LoopQueue) -> Any:
+def _build_and_tell(target: EngineHandle, make: Any, channel: _LoopQueue) -> Any:
     """Make the request's message and send it (a worker thread); the message."""
     message = make(channel)
     target.tell(message)
     return message
 
 
-def _cancel_if_admitted(told: asyncio.Future[Any], target: Any) -> None:
+def _cancel_if_admitted(told: asyncio.Future[Any], target: EngineHandle) -> None:
     """Cancel a request whose tell finished after its task was cancelled (loop thread)."""
     if not told.cancelled() and told.exception() is None:
         _tell_cancel(target, told.result())
 
 
-async def _next(target: Any, channel: _LoopQueue, deadline: float | None, timeout: float | None) -> Event:
+async def _next(
+    target: EngineHandle, channel: _LoopQueue, deadline: float | None, timeout: float | None
+) -> Event:
     event = channel.get_nowait()
     if event is not None:
         return event
@@ -206,7 +211,9 @@ def _stream_message(prompt: str | Sequence[int], options: dict[str, Any]) -> Any
     return lambda channel: StreamTokens(prompt, reply_to=channel, **options)
 
 
-async def _complete(ref: Any, make: Any, timeout: float | None) -> Completion | tuple[Completion, ...]:
+async def _complete(
+    ref: EngineHandle, make: Any, timeout: float | None
+) -> Completion | tuple[Completion, ...]:
     """The Completion, or with ``n`` > 1 the tuple of them in choice order."""
     done: list[Completion] = []
     # aclosing: a task cancelled here cancels the request now, not when the loop
@@ -229,7 +236,7 @@ def _one_text(name: str, options: Mapping[str, Any]) -> None:
         )
 
 
-async def _texts(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[str]:
+async def _texts(ref: EngineHandle, make: Any, timeout: float | None) -> AsyncIterator[str]:
     async with contextlib.aclosing(_events(ref, make, timeout, each=True)) as events:
         async for event in events:
             if isinstance(event, Token):
@@ -241,14 +248,24 @@ async def _texts(ref: Any, make: Any, timeout: float | None) -> AsyncIterator[st
 
 @overload
 async def agenerate(
-    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = ..., n: Literal[1] = ..., **options: Any
+    ref: EngineHandle,
+    prompt: str | Sequence[int],
+    *,
+    timeout: float | None = ...,
+    n: Literal[1] = ...,
+    **options: Any,
 ) -> Completion: ...
 @overload
 async def agenerate(
-    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = ..., n: int, **options: Any
+    ref: EngineHandle, prompt: str | Sequence[int], *, timeout: float | None = ..., n: int, **options: Any
 ) -> tuple[Completion, ...]: ...
 async def agenerate(
-    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = None, n: int = 1, **options: Any
+    ref: EngineHandle,
+    prompt: str | Sequence[int],
+    *,
+    timeout: float | None = None,
+    n: int = 1,
+    **options: Any,
 ) -> Completion | tuple[Completion, ...]:
     """Await the ``Completion`` of ``prompt``; as ``generate`` but on the event loop.
 
@@ -260,7 +277,7 @@ async def agenerate(
 
 
 def astream(
-    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = None, **options: Any
+    ref: EngineHandle, prompt: str | Sequence[int], *, timeout: float | None = None, **options: Any
 ) -> AsyncIterator[str]:
     """Async-iterate the text pieces of a completion; leaving the loop early cancels it.
 
@@ -274,7 +291,7 @@ def astream(
 
 @overload
 async def achat(
-    ref: Any,
+    ref: EngineHandle,
     messages: Sequence[Mapping[str, str]],
     *,
     timeout: float | None = ...,
@@ -283,10 +300,15 @@ async def achat(
 ) -> Completion: ...
 @overload
 async def achat(
-    ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = ..., n: int, **options: Any
+    ref: EngineHandle,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None = ...,
+    n: int,
+    **options: Any,
 ) -> tuple[Completion, ...]: ...
 async def achat(
-    ref: Any,
+    ref: EngineHandle,
     messages: Sequence[Mapping[str, str]],
     *,
     timeout: float | None = None,
@@ -301,7 +323,7 @@ async def achat(
 
 
 def astream_chat(
-    ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None, **options: Any
+    ref: EngineHandle, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None, **options: Any
 ) -> AsyncIterator[str]:
     """Async-iterate the reply to a conversation piece by piece (``n`` must be 1)."""
     _one_text("astream_chat", options)
@@ -309,7 +331,7 @@ def astream_chat(
 
 
 async def _tokens_then_done(
-    ref: Any, make: Any, timeout: float | None
+    ref: EngineHandle, make: Any, timeout: float | None
 ) -> AsyncIterator[Progress | Token | Done]:
     async with contextlib.aclosing(_events(ref, make, timeout, each=True)) as events:
         async for event in events:
@@ -319,7 +341,7 @@ async def _tokens_then_done(
 
 
 def astream_events(
-    ref: Any,
+    ref: EngineHandle,
     prompt: str | Sequence[int] | None = None,
     *,
     messages: Sequence[Mapping[str, str]] | None = None,

@@ -20,7 +20,7 @@ import pykka
 
 from actors.client._aio import _LIVENESS_POLL_S, _target
 from actors.client._helpers import _complete, _tell_cancel
-from actors.contract import Embed, Embeddings, EngineStopped, Pooling, RequestTimeout, Submit
+from actors.contract import Embed, Embeddings, EngineHandle, EngineStopped, Pooling, RequestTimeout, Submit
 
 if TYPE_CHECKING:
     import asyncio
@@ -29,7 +29,7 @@ __all__ = ["aembed", "embed"]
 
 
 def embed(
-    ref: Any,
+    ref: EngineHandle,
     texts: Sequence[str | Sequence[int]],
     model: str | None = None,
     normalize: bool = True,
@@ -57,7 +57,7 @@ def embed(
     return embed_result(ref, Embed(texts, model=model, normalize=normalize, pooling=pooling), timeout).vectors
 
 
-def embed_result(ref: Any, message: Embed, timeout: float | None = None) -> Embeddings:
+def embed_result(ref: EngineHandle, message: Embed, timeout: float | None = None) -> Embeddings:
     """Send ``message`` and wait for its whole ``Embeddings`` (token counts too)."""
     result: Embeddings = _complete(ref, message, timeout, "embeddings")
     return result
@@ -90,7 +90,7 @@ class _LoopFuture(pykka.ThreadingFuture[Any]):
 
 
 async def aembed(
-    ref: Any,
+    ref: EngineHandle,
     texts: Sequence[str | Sequence[int]],
     model: str | None = None,
     normalize: bool = True,
@@ -103,7 +103,7 @@ async def aembed(
     return result.vectors
 
 
-async def aembed_result(ref: Any, message: Embed, timeout: float | None = None) -> Embeddings:
+async def aembed_result(ref: EngineHandle, message: Embed, timeout: float | None = None) -> Embeddings:
     """Send ``message`` and await its whole ``Embeddings`` (the loop's thread)."""
     import asyncio
 

@@ -27,6 +27,7 @@ from actors.contract import (
     Completion,
     Done,
     Embed,
+    EngineHandle,
     EngineStopped,
     Failed,
     Generate,
@@ -75,14 +76,14 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
-def _tell_cancel(ref: Any, message: RequestMessage | Embed) -> None:
+def _tell_cancel(ref: EngineHandle, message: RequestMessage | Embed) -> None:
     """Cancel the request admitted from ``message``, and no other with its id (any thread)."""
     # A dead engine or a stopped pool has nothing to cancel.
     with contextlib.suppress(pykka.ActorDeadError, EngineStopped):
         ref.tell(CancelExact(message.request_id, message))
 
 
-def _target(ref: Any, deadline: float | None = None) -> Any:
+def _target(ref: EngineHandle, deadline: float | None = None) -> Any:
     """The actor a request goes to: a Supervisor's current actor, or the ref itself.
 
     A request is watched on the actor that took it, so a helper never waits on a
@@ -102,14 +103,19 @@ def _target(ref: Any, deadline: float | None = None) -> Any:
 
 @overload
 def generate(
-    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = ..., n: Literal[1] = ..., **options: Any
+    ref: EngineHandle,
+    prompt: str | Sequence[int],
+    *,
+    timeout: float | None = ...,
+    n: Literal[1] = ...,
+    **options: Any,
 ) -> Completion: ...
 @overload
 def generate(
-    ref: Any, prompt: str | Sequence[int], *, timeout: float | None = ..., n: int, **options: Any
+    ref: EngineHandle, prompt: str | Sequence[int], *, timeout: float | None = ..., n: int, **options: Any
 ) -> tuple[Completion, ...]: ...
 def generate(
-    ref: Any,
+    ref: EngineHandle,
     prompt: str | Sequence[int],
     *,
     timeout: float | None = None,
@@ -143,7 +149,7 @@ def generate(
 
 @overload
 def chat(
-    ref: Any,
+    ref: EngineHandle,
     messages: Sequence[Mapping[str, str]],
     *,
     timeout: float | None = ...,
@@ -152,10 +158,15 @@ def chat(
 ) -> Completion: ...
 @overload
 def chat(
-    ref: Any, messages: Sequence[Mapping[str, str]], *, timeout: float | None = ..., n: int, **options: Any
+    ref: EngineHandle,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None = ...,
+    n: int,
+    **options: Any,
 ) -> tuple[Completion, ...]: ...
 def chat(
-    ref: Any,
+    ref: EngineHandle,
     messages: Sequence[Mapping[str, str]],
     *,
     timeout: float | None = None,
@@ -172,7 +183,7 @@ def chat(
 
 
 def _complete(
-    ref: Any, message: SubmitMessage | Embed, timeout: float | None, what: str = "completion"
+    ref: EngineHandle, message: SubmitMessage | Embed, timeout: float | None, what: str = "completion"
 ) -> Any:
     """Admit ``message`` and wait for its outcome (a Completion, its tuple, or an
     Embed's Embeddings), watching the actor; cancel it when ``timeout`` passes."""
@@ -196,7 +207,7 @@ def _complete(
 
 
 def _wait_for(
-    ref: Any,
+    ref: EngineHandle,
     get: Callable[[float], T],
     empty: type[Exception],
     deadline: float | None,
@@ -226,7 +237,7 @@ def _wait_for(
 
 
 def stream(
-    ref: Any,
+    ref: EngineHandle,
     prompt: str | Sequence[int],
     *,
     timeout: float | None = None,
@@ -254,7 +265,7 @@ def stream(
 
 
 def stream_chat(
-    ref: Any,
+    ref: EngineHandle,
     messages: Sequence[Mapping[str, str]],
     *,
     timeout: float | None = None,
@@ -267,7 +278,7 @@ def stream_chat(
 
 
 def _stream_events(
-    ref: Any,
+    ref: EngineHandle,
     message: Stream | StreamTokens | StreamChat,
     events: queue.Queue[Progress | Token | Done | Failed],
     timeout: float | None,

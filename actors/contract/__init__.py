@@ -33,6 +33,7 @@ from actors.contract._errors import (
     StrategyError,
 )
 from actors.contract._gbnf import check_grammar
+from actors.contract._handle import EngineHandle
 from actors.contract._messages import (
     STREAMING,
     Chat,
@@ -75,6 +76,7 @@ __all__ = [
     "Embed",
     "Embeddings",
     "EngineError",
+    "EngineHandle",
     "EngineStopped",
     "Failed",
     "Generate",

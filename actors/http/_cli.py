@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -34,6 +34,7 @@ from actors import (
     InvalidRequest,
     ModelManager,
     SamplingParams,
+    ServerOptions,
     ServerPool,
     Supervisor,
     default_model_path,
@@ -47,7 +48,9 @@ from actors.http._settings import HttpSettings
 
 __all__ = ["PROG", "CliError", "ServePlan", "main", "parse"]
 
-_FALLBACK_N_CTX = 8192  # ServerActor's default, when the GGUF header does not say
+# ServerActor's defaults, where llama-server's flags leave a value to it.
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ServerOptions) if f.init}
+_FALLBACK_N_CTX: int = _DEFAULTS["n_ctx"]  # when the GGUF header does not say
 _DEFAULT_CACHE_RAM_MB = 8192  # llama-server's --cache-ram default
 
 
@@ -194,7 +197,7 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         except EngineError:
             model_path = None  # ServerActor raises ModelLoadError, with how to install it
     auto_parallel = v["parallel"] in (None, -1)
-    n_parallel = 4 if auto_parallel else v["parallel"]
+    n_parallel = _DEFAULTS["n_parallel"] if auto_parallel else v["parallel"]
     # llama-server: one KV buffer for all slots when -np is auto, unless told; with it a
     # slot may grow to the whole context, without it each gets an even share.
     unified = auto_parallel if v["kv_unified"] is None else v["kv_unified"]
@@ -233,6 +236,8 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
             del options["draft_p_min"]
         elif options.get("spec_type") != "draft":
             raise CliError("--spec-draft-p-min is for a draft model (-md): it would change nothing")
+    # Checked now, as ServerActor will check them: a bad value is the command line's error.
+    ServerOptions.of(**options)
     replicas = v["replicas"] or 1
     backend = v["backend"] or "local"
     pool = None if replicas == 1 and backend == "local" else {"replicas": replicas, "backend": backend}

@@ -127,7 +127,7 @@ async def _embed(request: Request) -> tuple[dict[str, Any], Any, bool]:
     pooling = service.settings.pooling
     # Checking up to 16 Mi characters of texts is a work thread's job, not the loop's.
     message = await service.run(lambda: Embed(texts, pooling=pooling, normalize=normalize == 2))
-    return dict(body), await aembed_result(service.engine, message), oai
+    return dict(body), await aembed_result(service.handle(), message), oai
 
 
 async def embeddings_oai(request: Request) -> Response:

@@ -30,7 +30,7 @@ def _service(request: Request) -> Service:
 async def health(request: Request) -> Response:
     """``GET /health``: 200 once the model has loaded (the gate answers 503 before), 503
     if the engine has stopped since."""
-    engine = _service(request).engine
+    engine = _service(request).handle()
     if not engine.is_alive():
         raise HttpError(503, "the engine has stopped")
     return json_response({"status": "ok"})
@@ -60,7 +60,7 @@ async def models(request: Request) -> Response:
 
 async def _stats(service: Service) -> dict[str, Any]:
     try:
-        stats = await service.call(lambda: service.engine.ask(GetStats(), timeout=10))
+        stats = await service.call(lambda: service.handle().ask(GetStats(), timeout=10))
     except Exception as e:
         raise HttpError(503, f"the engine did not answer: {e}") from None
     return dict(stats)
@@ -133,7 +133,7 @@ async def metrics(request: Request) -> Response:
     if service.metrics is None:
         raise HttpError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
     metrics = service.metrics
-    text = await service.call(lambda: metrics.render(service.engine.ask(GetStats(), timeout=10)))
+    text = await service.call(lambda: metrics.render(service.handle().ask(GetStats(), timeout=10)))
     response = Response(text, media_type="text/plain; version=0.0.4")
     # Appended raw: Starlette lowercases header names, llama-server's clients read this one as is.
     response.raw_headers.append((b"Process-Start-Time-Unix", str(int(service.t_started)).encode()))

@@ -25,7 +25,7 @@ from typing import Any, TypeVar, cast
 
 from starlette.requests import Request
 
-from actors import GetInfo, GetStats, GetTokenizer, Tokenizer
+from actors import EngineHandle, EngineStopped, GetInfo, GetStats, GetTokenizer, Tokenizer
 from actors.http._errors import HttpError
 from actors.http._metrics import Metrics
 from actors.http._params import MAX_CHOICES, Limits
@@ -79,7 +79,7 @@ class Service:
         self.settings = settings
         self._start_engine = start_engine
         self.views: ModelViews | None = None  # router mode's models
-        self.engine: Any = None
+        self.engine: EngineHandle | None = None
         self.tokenizer: Tokenizer | None = None
         self.info: dict[str, Any] = {}
         self.stats: dict[str, Any] = {}
@@ -167,6 +167,16 @@ class Service:
             if not jobs[0]:
                 del self._parsing[client]
 
+    def handle(self) -> EngineHandle:
+        """The loaded engine (the gate admits a request only once it is; any thread).
+
+        Raises:
+            EngineStopped: no engine is loaded (yet, or any more).
+        """
+        if self.engine is None:
+            raise EngineStopped("the model is not loaded")
+        return self.engine
+
     def close(self) -> None:
         """Stop the engine (lifespan shutdown)."""
         if self.views is not None:
@@ -175,9 +185,12 @@ class Service:
             self.metrics.close()
         self.control.shutdown(wait=False, cancel_futures=True)
         self.work.shutdown(wait=False, cancel_futures=True)
-        if self.engine is not None:
+        # The engine this service started (a model's view has its manager's handle,
+        # which the manager stops).
+        stop = getattr(self.engine, "stop", None)
+        if stop is not None:
             try:
-                self.engine.stop(timeout=30)
+                stop(timeout=30)
             except Exception as e:
                 _log.warning("stopping the engine: %s", e)
 

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 import telemetry
-from actors import EngineStopped, GetInfo, GetStats, GetTokenizer, ModelFailedLately, ModelLoadError
+from actors import EngineHandle, EngineStopped, GetInfo, GetStats, GetTokenizer, ModelFailedLately, ModelLoadError
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._settings import HttpSettings
 
@@ -39,7 +39,7 @@ class View(Protocol):
     settings, its control threads, and the fields a model's view fills."""
 
     settings: HttpSettings
-    engine: Any
+    engine: EngineHandle | None
     info: dict[str, Any]
     stats: dict[str, Any]
     tokenizer: Any

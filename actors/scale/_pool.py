@@ -37,6 +37,7 @@ from typing import Any
 
 import pykka
 
+from actors.actor import ServerOptions
 from actors.contract import (
     STREAMING,
     Cancel,
@@ -151,13 +152,14 @@ class ServerPool:
             raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError(f"name must be a non-empty str or None, got {name!r}")
+        options = ServerOptions.of(**server_options)  # every option checked before anything starts
         if name is not None and replicas == 1:
             names = [name]
         else:
             names = [f"{name or 'replica'}-{i}" for i in range(replicas)]
         router = Router(
             names,
-            capacity=server_options.get("n_parallel", 4),
+            capacity=options.n_parallel,
             min_blocks=affinity_min_blocks,
             slack=affinity_slack,
         )
@@ -165,7 +167,7 @@ class ServerPool:
         try:
             if backend == "local":
                 for name in names:
-                    started.append(LocalReplica(name, max_restarts, max_seconds, server_options))
+                    started.append(LocalReplica(name, max_restarts, max_seconds, options))
             elif backend == "ray":
                 try:
                     from actors.scale._ray import start_ray_replicas

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import pykka
 
-from actors.actor import Supervisor
+from actors.actor import ServerOptions, Supervisor
 from actors.contract import (
     Cancel,
     CancelExact,
@@ -149,11 +149,11 @@ class Relay:
 class LocalReplica:
     """A Supervisor around a ServerActor in this process."""
 
-    def __init__(self, name: str, max_restarts: int, max_seconds: float, options: dict[str, Any]) -> None:
+    def __init__(self, name: str, max_restarts: int, max_seconds: float, options: ServerOptions) -> None:
         self.name = name
         self.on_down: Callable[[str], None] | None = None  # a restarted engine has no KV
         self.supervisor = Supervisor.start(
-            max_restarts=max_restarts, max_seconds=max_seconds, name=name, **options
+            options, max_restarts=max_restarts, max_seconds=max_seconds, name=name
         )
 
     def _ref(self) -> pykka.ActorRef[Any]:
