@@ -19,4 +19,3 @@ def handles(
 
 def backend(fake: FakeBackend) -> Backend:
     return fake
-

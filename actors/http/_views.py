@@ -27,7 +27,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 import telemetry
-from actors import EngineHandle, EngineStopped, GetInfo, GetStats, GetTokenizer, ModelFailedLately, ModelLoadError
+from actors import (
+    EngineHandle,
+    EngineStopped,
+    GetInfo,
+    GetStats,
+    GetTokenizer,
+    ModelFailedLately,
+    ModelLoadError,
+)
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._settings import HttpSettings
 
