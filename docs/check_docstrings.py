@@ -9,7 +9,7 @@ The check reads the source with griffe, as mkdocstrings does for the API referen
 it sees what the site shows: a docstring inherited from a base class, or the
 ``Name(field, ...)`` text that ``@dataclass`` writes into a class without one, is not
 in the source and does not count. A blinker signal's docstring is its ``doc=``
-(``docs/griffe_docstrings.py``). ``make docs`` runs this script; ``tests/test_docs.py``
+(``docs/griffe_docstrings.py``). ``make docs`` runs this script; ``tests/project/test_docs.py``
 runs it too, and checks that it catches each kind of gap.
 """
 

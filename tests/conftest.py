@@ -1,4 +1,11 @@
-"""Shared fixtures: the default model, servers that stop at teardown, a reference Llama."""
+"""Shared fixtures: the default model, servers that stop at teardown, a reference Llama.
+
+The tree mirrors the packages (``tests/engine/`` for ``actors/engine/``...); support
+modules (``helpers``, ``fake_backend``, ``tiny_gguf``...) sit here, importable from
+every test file. A test that takes the ``model_path`` fixture, directly or through
+another fixture, is marked ``model``; the others mark themselves (``model`` when a child
+loads it, ``subprocess``, ``ray``, ``slow``). ``make test-fast`` runs what needs none.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,12 @@ import pykka
 import pytest
 
 from actors import ServerActor, default_model_path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "model_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture(scope="session")

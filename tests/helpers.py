@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 import telemetry
 from actors import Completion, Done, Failed, Generate
 
@@ -229,3 +231,28 @@ def _cut(run: Completion, max_tokens: int) -> Completion:
         stop_reason="max_tokens",
         stop_string=None,
     )
+
+
+N_TOKENS = 32
+"""Greedy tokens a reference run makes (``reference``)."""
+
+
+def reference(llm: Any, prompt: str | list[int]) -> tuple[list[int], list[float]]:
+    """Greedy tokens of a fresh ``Llama`` run and the top-2 logit margin at each step."""
+    llm.reset()
+    if isinstance(prompt, str):
+        prompt_tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+    else:
+        prompt_tokens = prompt
+    tokens: list[int] = []
+    for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0):
+        if llm.token_eos() == token or token in (0, 2, 4):
+            break
+        tokens.append(token)
+        if len(tokens) == N_TOKENS:
+            break
+    margins = []
+    for i in range(len(tokens)):
+        top2 = np.sort(llm.scores[len(prompt_tokens) - 1 + i])[-2:]
+        margins.append(float(top2[1] - top2[0]))
+    return tokens, margins

@@ -59,7 +59,7 @@ MAX_GRAMMAR_DEPTH = 1024
 ``root ::= ((...("a")...))`` in subprocesses that call ``llama_sampler_init_grammar``
 from a ``threading.Thread`` (8 MB default stack; 0.3.36, SmolLM2's vocabulary), 18,671
 levels parsed and 18,750 segfaulted (the converter's ``(x (x ...)?)?`` shape alike).
-18x below that (``tests/test_grammar.py`` checks 8x still parses), and above the 1,000
+18x below that (``tests/contract/test_grammar.py`` checks 8x still parses), and above the 1,000
 levels llama.cpp's own rule limit lets a ``maxLength`` reach."""
 MAX_GRAMMAR_REPEAT = 1000
 """``m`` and ``n`` in ``x{m}``, ``x{m,}``, ``x{m,n}``. llama.cpp refuses ``m > 2000`` and

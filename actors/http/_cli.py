@@ -236,8 +236,6 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
             del options["draft_p_min"]
         elif options.get("spec_type") != "draft":
             raise CliError("--spec-draft-p-min is for a draft model (-md): it would change nothing")
-    # Checked now, as ServerActor will check them: a bad value is the command line's error.
-    ServerOptions.of(**options)
     replicas = v["replicas"] or 1
     backend = v["backend"] or "local"
     pool = None if replicas == 1 and backend == "local" else {"replicas": replicas, "backend": backend}

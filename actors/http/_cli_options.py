@@ -147,7 +147,7 @@ def _template_kwargs(text: str) -> tuple[tuple[str, Any], ...]:
 # llama-server's --chat-template also takes the name of a template built into llama.cpp.
 # We render only Jinja: the names whose Jinja text llama_cpp ships (llama_chat_format's
 # CHATML_CHAT_TEMPLATE and LLAMA3_INSTRUCT_CHAT_TEMPLATE, copied here because only the
-# backend may import llama_cpp; tests/test_http_cli.py checks that they are the same).
+# backend may import llama_cpp; tests/http/test_http_cli.py checks that they are the same).
 _BUILTIN_TEMPLATES = MappingProxyType(
     {
         "chatml": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
