@@ -330,10 +330,10 @@ def test_stop_while_the_new_engine_starts_stops_it_too(
         """ServerActor, whose restart blocks until the test has called stop()."""
 
         @staticmethod
-        def start(**options: Any) -> pykka.ActorRef[Any]:
+        def start(*options: Any, **changes: Any) -> pykka.ActorRef[Any]:
             starting.set()
             go.wait(30)
-            return ServerActor.start(**options)
+            return ServerActor.start(*options, **changes)
 
     sup = supervised(max_restarts=3, max_seconds=60)
     first = sup.actor_ref

@@ -264,7 +264,7 @@ def test_api_key_is_required_and_checked(model_path: str) -> None:
         lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=1024),
     )
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         for key in ("sk-wrong", "sk-righ", "sk-right-"):
             with pytest.raises(openai.AuthenticationError):
                 openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0).completions.create(
@@ -515,7 +515,7 @@ def test_a_full_queue_is_a_503_with_retry_after(model_path: str) -> None:
         lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=1024, max_queue=0),
     )
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         with httpx.stream(
             "POST", server.url + "/completion", json={"prompt": "Go on", "n_predict": 500, "stream": True,
             "ignore_eos": True}, timeout=60,
@@ -563,7 +563,7 @@ def test_silent_connections_lock_nobody_out(model_path: str) -> None:
     port = int(server.url.rsplit(":", 1)[1])
     silent: list[socket.socket] = []
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         for _ in range(2100):
             silent.append(socket.create_connection(("127.0.0.1", port)))
         half = socket.create_connection(("127.0.0.1", port))
@@ -614,7 +614,7 @@ def test_connection_bounds_hold_against_tricks(model_path: str) -> None:
     port = int(server.url.rsplit(":", 1)[1])
     other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10)
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         with socket.create_connection(("127.0.0.1", port)) as early:
             head = b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{"
             assert _ask_raw(early, head).startswith(b"HTTP/1.1 404")
@@ -649,7 +649,7 @@ def test_a_slow_body_and_an_idle_keep_alive_connection_are_bounded(
     server = Running(HttpSettings(keep_alive_s=1), start)
     port = int(server.url.rsplit(":", 1)[1])
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         with socket.create_connection(("127.0.0.1", port)) as slow:
             head = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
             assert _ask_raw(slow, head).startswith(b"HTTP/1.1 408")
@@ -665,7 +665,7 @@ def test_one_api_key_has_at_most_its_share_of_requests_in_flight(model_path: str
     settings = HttpSettings(api_keys=("a", "b"), max_connections_per_client=1)
     server = Running(settings, lambda: ServerActor.start(model_path=model_path, n_parallel=2, n_ctx=1024))
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         body = {"prompt": "Go on", "n_predict": 300, "stream": True, "ignore_eos": True}
         small = {"prompt": "x", "n_predict": 1}
         key_a = {"Authorization": "Bearer a"}
@@ -687,7 +687,7 @@ def test_one_api_key_has_at_most_its_share_of_requests_in_flight(model_path: str
         server.stop()
 
 
-def test_503_while_loading_thenchild_ready(model_path: str) -> None:
+def test_503_while_loading_then_ready(model_path: str) -> None:
     release = threading.Event()
 
     def slow_start() -> Any:
@@ -711,7 +711,7 @@ def test_503_while_loading_thenchild_ready(model_path: str) -> None:
             "type": "unavailable_error",
         }
         release.set()
-        server.waitchild_ready()
+        server.wait_ready()
     finally:
         release.set()
         server.stop()
@@ -757,7 +757,7 @@ def test_300_clients_with_random_disconnects_each_get_one_outcome(model_path: st
             await asyncio.gather(*(one(client, i) for i in range(300)))
 
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         asyncio.run(main())
         assert len(outcomes) == 300 and outcomes.count("ok") > 0
         wait_until(lambda: idle(server), seconds=30)
@@ -1005,7 +1005,7 @@ def test_cors_origin_lists_echo_the_listed_origin(model_path: str) -> None:
         lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512),
     )
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         listed = httpx.options(server.url + "/completion", headers={"Origin": "http://b.test"})
         assert listed.headers["access-control-allow-origin"] == "http://b.test"
         other = httpx.options(server.url + "/completion", headers={"Origin": "http://evil.test"})
@@ -1095,7 +1095,7 @@ def test_templates_see_todays_date_and_tools_as_llama_cpp_gives_them(model_path:
         lambda: ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=512, chat_template=template),
     )
     try:
-        server.waitchild_ready()
+        server.wait_ready()
         prompt = httpx.post(server.url + "/apply-template", json={"messages": CHAT}).json()["prompt"]
         assert prompt.startswith(
             "Functions:|" + time.strftime("%d %b %Y") + "|" + time.strftime("%b %d %Y") + "|"

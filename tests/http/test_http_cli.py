@@ -648,3 +648,24 @@ def test_reasoning_format_and_budget_flags_set_the_chat_defaults() -> None:
     )
     assert plan("-c", "64", "--reasoning-budget", "-1").settings.reasoning_budget is None
     assert plan("-c", "64", env={"LLAMA_ARG_THINK": "deepseek"}).settings.reasoning_format == "deepseek"
+
+
+def test_every_option_the_command_line_sets_is_a_server_option() -> None:
+    # ServerOptions declares each option once: the flags map onto its names, and a
+    # default the command line leaves to the engine is the engine's own.
+    from actors import ServerOptions
+    from actors.actor import OPTION_NAMES
+    from actors.http._cli_options import _PASSED_IF_GIVEN, _SAMPLING
+
+    assert set(_PASSED_IF_GIVEN.values()) | set(_SAMPLING.values()) <= OPTION_NAMES
+    rich = (
+        "-c", "1024", "-np", "2", "-b", "64", "-ub", "32", "-t", "1", "-tb", "1", "--temp", "0.5",
+        "--top-k", "5", "--repeat-penalty", "1.1", "--presence-penalty", "0.1", "--cache-ram", "0",
+        "-ctk", "q8_0", "-fa", "on", "--spec-type", "ngram-simple", "--strategy", "Balanced",
+        "--chat-template", "{{ messages }}", "-kvu",
+    )  # fmt: skip
+    for argv in ((), rich):
+        options = dict(plan(*argv).server_options)
+        assert set(options) <= OPTION_NAMES, set(options) - OPTION_NAMES
+        ServerOptions.of(**{**options, "model_path": None})  # and they check as the engine's
+    assert plan("-c", "1024").server_options["n_parallel"] == ServerOptions().n_parallel

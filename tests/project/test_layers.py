@@ -108,7 +108,7 @@ def test_a_planted_import_breaks_its_contract(tmp_path: Path, path: str, line: s
     assert any(contract in row for row in broken), result.stdout
 
 
-def test_the_readme_tick_diagram_names_functions_that_exist() -> None:
+def test_the_tick_diagram_names_functions_that_exist() -> None:
     from actors.actor._ref import EngineRef
     from actors.actor._server import ServerActor
     from actors.backend._llama import LlamaRows, LlamaSampling
@@ -127,17 +127,20 @@ def test_the_readme_tick_diagram_names_functions_that_exist() -> None:
         OutputStage, Runner, Scheduler, ServerActor,
     )}  # fmt: skip
     functions = {"check_plan": _batch.check_plan, "lay_out": _batch.lay_out, "prepare": _prepare.prepare}
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## How it works", 1)[1].split("\n## ", 1)[0]
-    diagram = section.split("```", 2)[1]
-    methods = re.findall(r"\b([A-Z]\w+)\.(\w+)\(\)", diagram)
-    bare = re.findall(r"(?<![.\w])([a-z_]\w*)\(\)", diagram)
-    assert len(methods) >= 10 and bare, "the diagram should name the tick's functions as Class.method()"
-    for cls_name, attr in methods:
-        cls = classes[cls_name]
-        assert attr in vars(cls), f"{cls_name}.{attr} is not defined by {cls_name}"
-    for name in bare:
-        assert callable(functions[name]), name
+    # One tick diagram, in one place: the tick's design page (the README links to it);
+    # the request's path has its own, naming the same functions.
+    assert "```\n caller's thread" not in (ROOT / "README.md").read_text()
+    for name in ("tick.md", "request-path.md"):
+        diagram = (ROOT / "docs" / "design" / name).read_text().split("```", 2)[1]
+        methods = re.findall(r"\b([A-Z]\w+)\.(\w+)\(\)", diagram)
+        bare = re.findall(r"(?<![.\w])([a-z_]\w*)\(\)", diagram)
+        assert len(methods) >= 8 and bare, f"{name}: the diagram should name functions as Class.method()"
+        for cls_name, attr in methods:
+            cls = classes[cls_name]
+            assert attr in vars(cls), f"{name}: {cls_name}.{attr} is not defined by {cls_name}"
+        for function in bare:
+            assert callable(functions[function]), function
+    diagram = (ROOT / "docs" / "design" / "tick.md").read_text().split("```", 2)[1]
     # Every phase of Engine.step is in the picture.
     for phase in ("Scheduler.expire()", "Scheduler.dequeue()", "Scheduler.schedule()",
                   "Runner.execute()", "OutputStage.commit()", "Engine._emit_tick()"):  # fmt: skip
