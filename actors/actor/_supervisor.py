@@ -24,8 +24,9 @@ from typing import Any
 import pykka
 
 import telemetry
+from actors.actor._crashes import crash_reason
 from actors.actor._options import ServerOptions
-from actors.actor._server import ServerActor, crash_reason
+from actors.actor._server import ServerActor
 from actors.contract import Cancel, CancelExact, ConfigError, Drain, EngineStopped, RequestTimeout
 
 __all__ = ["Supervisor"]

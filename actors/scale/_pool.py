@@ -51,22 +51,17 @@ from actors.contract import (
     GetTokenizer,
     QueueFull,
     RequestMessage,
-    RequestTimeout,
     StreamMessage,
     Submit,
     SubmitMessage,
 )
+from actors.scale._pool_queries import drain_replicas, pool_stats
 from actors.scale._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
 from actors.scale._router import Router
 
 __all__ = ["ServerPool"]
 
 _log = logging.getLogger("llama_cpp_actors.pool")
-
-# GetStats keys that are one replica's settings, not loads: never summed.
-_PER_REPLICA = frozenset({"n_batch", "n_ctx_per_slot"})
-# GetStats keys holding one entry per slot: every replica's, one after the other.
-_CONCATENATED = frozenset({"slots", "kv_positions"})
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -411,59 +406,18 @@ class ServerPool:
 
     def _stats(self, timeout: float | None) -> dict[str, Any]:
         """Each replica's GetStats (None when down), their sums, the router's decisions."""
-        per: dict[str, dict[str, Any] | None] = {}
-        for name, replica in self._replicas.items():
-            try:
-                per[name] = replica.call(GetStats(), timeout) if replica.up() else None
-            except ReplicaDown:
-                per[name] = None
-        totals: dict[str, Any] = {}
-        for stats in per.values():
-            for key, value in (stats or {}).items():
-                if key in _CONCATENATED:  # every replica's, in replica order
-                    totals[key] = totals.get(key, ()) + value
-                elif key not in _PER_REPLICA:
-                    totals[key] = totals.get(key, 0) + value
-        drafted = totals.get("draft_tokens", 0)
-        if "draft_acceptance_rate" in totals:  # a ratio: of the sums, not a sum
-            totals["draft_acceptance_rate"] = totals.get("draft_accepted", 0) / drafted if drafted else 0.0
-        totals["replicas"] = per
-        totals["replicas_up"] = sum(1 for s in per.values() if s is not None)
+        totals = pool_stats(self._replicas.values(), timeout)
         totals["routing"] = dict(self.router.decisions)
         return totals
 
     def _drain(self, message: Drain, timeout: float | None) -> int:
-        """Drain every replica at once, then stop the pool (caller's thread).
-
-        A replica that is down, or dies while draining, has nothing left to count (its
-        requests got ``EngineStopped`` when it died). One whose drain outlives
-        ``timeout`` is stopped with the pool: its requests in flight count as unfinished.
-        """
-        results: dict[str, int] = {}
-        late: list[str] = []
-        errors: list[BaseException] = []
-
-        def drain(replica: Replica) -> None:
-            try:
-                results[replica.name] = int(replica.call(message, timeout))
-            except (ReplicaDown, EngineStopped) as e:
-                if not isinstance(e, ReplicaDown):
-                    _log.warning("%s stopped while draining: %s", replica.name, e)
-            except RequestTimeout:
-                late.append(replica.name)
-            except Exception as e:
-                errors.append(e)
-
-        threads = [
-            threading.Thread(target=drain, args=(r,), name=f"{r.name}-drain", daemon=True)
-            for r in self._replicas.values()
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        """Drain every replica at once, then stop the pool (caller's thread): the
+        requests that did not finish (see :func:`drain_replicas`)."""
+        try:
+            results, late = drain_replicas(self._replicas.values(), message, timeout)
+        except Exception:
+            self.stop()
+            raise
         loads = self.router.loads()
         self.stop()
-        if errors:
-            raise errors[0]
         return sum(results.values()) + sum(loads.get(name, 0) for name in late)
