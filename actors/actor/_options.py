@@ -142,6 +142,21 @@ class ServerOptions:
         _known(options)
         return cls(**options)
 
+    @classmethod
+    def given(cls, options: object, changes: Mapping[str, Any]) -> ServerOptions:
+        """How every start takes its options: ``options`` (a ServerOptions, or None for
+        the defaults) with ``changes`` by name.
+
+        Raises:
+            TypeError: ``options`` is something else, or a name is not an option.
+            ConfigError: as the constructor.
+        """
+        if options is None:
+            return cls.of(**changes)
+        if not isinstance(options, ServerOptions):
+            raise TypeError(f"options must be a ServerOptions, got {type(options).__name__}")
+        return options.replace(**changes) if changes else options
+
     def replace(self, **changes: Any) -> ServerOptions:
         """These options with ``changes`` (checked again, as :meth:`of`)."""
         _known(changes)

@@ -83,12 +83,7 @@ class ServerActor(pykka.ThreadingActor):
         self._actor_ref = EngineRef(self)
         # Every option is checked, alone and against the others, before anything is
         # loaded: llama.cpp aborts the process on some of them (see actors.actor._options).
-        if options is not None and not isinstance(options, ServerOptions):
-            raise TypeError(f"options must be a ServerOptions, got {type(options).__name__}")
-        if options is None:
-            options = ServerOptions.of(**changes)
-        elif changes:
-            options = options.replace(**changes)
+        options = ServerOptions.given(options, changes)
         self.actor_server_options = options
         checked = options.checked
         self.actor_options = checked.backend_options(resolve_model_path(checked.model_path))

@@ -79,9 +79,7 @@ class Supervisor:
         Bad options raise here, before anything starts, as they would from
         ``ServerActor.start``.
         """
-        if options is not None and not isinstance(options, ServerOptions):
-            raise TypeError(f"options must be a ServerOptions, got {type(options).__name__}")
-        options = ServerOptions.of(**changes) if options is None else options.replace(**changes)
+        options = ServerOptions.given(options, changes)
         supervisor = cls(max_restarts, max_seconds, options)
         supervisor._ref = ServerActor.start(options)
         thread = threading.Thread(target=supervisor._monitor, name="llama-cpp-actors-supervisor", daemon=True)

@@ -27,7 +27,6 @@ cancels nothing.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -55,8 +54,9 @@ from actors.contract import (
     Submit,
     SubmitMessage,
 )
+from actors.scale._checks import replica_names
 from actors.scale._pool_queries import drain_replicas, pool_stats
-from actors.scale._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
+from actors.scale._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked, forwarding
 from actors.scale._router import Router
 
 __all__ = ["ServerPool"]
@@ -70,26 +70,6 @@ class _Sent:
 
     message: RequestMessage | Embed
     sent: RequestMessage | Embed
-
-
-def _forwarding(
-    settled: Callable[[], None], source: Callable[[], Tracked], outer: pykka.ThreadingFuture[Any]
-) -> Callable[[], None]:
-    """``settled``, then ``source()``'s outcome copied into ``outer`` (the thread that
-    settles ``source()``, which is set by then)."""
-
-    def settle() -> None:
-        settled()
-        try:
-            value = source().get(timeout=0)
-        except BaseException as error:
-            with contextlib.suppress(Exception):
-                outer.set_exception(exc_info=(type(error), error, error.__traceback__))
-        else:
-            with contextlib.suppress(Exception):
-                outer.set(value)
-
-    return settle
 
 
 class ServerPool:
@@ -141,17 +121,8 @@ class ServerPool:
         Raises:
             ConfigError: bad pool or server options (checked before anything starts).
         """
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-            raise ConfigError(f"replicas must be an int >= 1, got {replicas!r}")
-        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-            raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigError(f"name must be a non-empty str or None, got {name!r}")
+        names = replica_names(replicas, max_restarts, name)
         options = ServerOptions.of(**server_options)  # every option checked before anything starts
-        if name is not None and replicas == 1:
-            names = [name]
-        else:
-            names = [f"{name or 'replica'}-{i}" for i in range(replicas)]
         router = Router(
             names,
             capacity=options.n_parallel,
@@ -333,7 +304,7 @@ class ServerPool:
         sent = _Sent(message, message)  # a replica admits the caller's own message
         settled = self._settled(sent)
         if outer is not None:
-            settled = _forwarding(settled, lambda: future, outer)
+            settled = forwarding(settled, lambda: future, outer)
         future = Tracked(settled)
         tried: set[str] = set()
 
