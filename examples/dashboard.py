@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import telemetry
-from actors import ServerActor, ServerPool, stream_chat
+from actors import EngineHandle, ServerActor, ServerPool, stream_chat
 
 TOPICS = ["the ocean", "volcanoes", "bread", "the moon", "bees", "rivers", "chess", "glass"]
 WINDOW_S = 1.0  # tok/s is counted per window of this many seconds
@@ -213,7 +213,9 @@ def render(board: Board, title: str) -> Any:
     return Group(Panel(header + kv), slots, throughput, ttft)
 
 
-def run_load(ref: Any, requests: int, concurrency: int, max_tokens: int, seed: int) -> list[BaseException]:
+def run_load(
+    ref: EngineHandle, requests: int, concurrency: int, max_tokens: int, seed: int
+) -> list[BaseException]:
     """``requests`` streams from ``concurrency`` caller threads; returns the errors."""
     rng = random.Random(seed)
     jobs = [
@@ -293,7 +295,7 @@ def main() -> None:
 
     board = Board()
     options: dict[str, Any] = {"n_parallel": args.n_parallel, "n_ctx": 512 * args.n_parallel}
-    ref: Any
+    ref: EngineHandle
     if args.replicas > 1:
         # Several engines share this machine's cores: one llama.cpp thread each.
         ref = ServerPool.start(replicas=args.replicas, backend=args.backend, n_threads=1, **options)

@@ -49,7 +49,6 @@ from actors.actor._option_values import (
     MAX_N_THREADS,
     _chat_template,
     _chat_template_kwargs,
-    _checked_path,
     _flag,
     _int,
     _kv_type,
@@ -61,89 +60,12 @@ from actors.actor._option_values import (
     _show,
     _speculation,
 )
-from actors.backend import BackendOptions, default_n_threads
-from actors.contract import ConfigError, SamplingParams
-from actors.engine import EngineConfig
+from actors.actor._start_options import StartOptions
+from actors.backend import default_n_threads
+from actors.contract import ConfigError
 from strategies import BatchStrategy, DecodeMaximal
 
 __all__ = ["OPTION_NAMES", "ServerOptions", "StartOptions", "check_options", "unknown_option"]
-
-
-@dataclass(frozen=True, slots=True)
-class StartOptions:
-    """Every start option of a ``ServerActor``, checked and with its defaults resolved.
-
-    ``model_path`` is only type-checked (``None`` is the default model): finding and
-    reading the file is ``resolve_model_path``'s job, and raises ``ModelLoadError``.
-    """
-
-    model_path: str | None
-    n_ctx: int
-    n_batch: int
-    n_ubatch: int
-    n_parallel: int
-    n_threads: int
-    n_threads_batch: int
-    flash_attn: bool | None
-    type_k: int | None
-    type_v: int | None
-    n_gpu_layers: int
-    use_mmap: bool
-    use_mlock: bool
-    chunk_size: int
-    max_queue: int
-    cache_prompt: bool
-    prefix_sharing: bool
-    batch_strategy: BatchStrategy
-    defaults: SamplingParams
-    n_ctx_per_slot: int | None
-    context_shift: bool
-    ram_budget_bytes: int
-    name: str | None
-    chat_template: str | None
-    chat_template_kwargs: Mapping[str, Any]
-    spec_type: str | None = None
-    draft_max: int = 16
-    draft_model_path: str | None = None
-    draft_p_min: float = 0.0
-    cache_idle_slots: bool = True
-
-    def backend_options(self, model_path: str) -> BackendOptions:
-        """What the backend loads, for the resolved ``model_path`` (caller's thread)."""
-        return BackendOptions(
-            model_path=_checked_path(model_path),
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_ubatch=self.n_ubatch,
-            n_parallel=self.n_parallel,
-            n_threads=self.n_threads,
-            n_threads_batch=self.n_threads_batch,
-            flash_attn=self.flash_attn,
-            type_k=self.type_k,
-            type_v=self.type_v,
-            n_gpu_layers=self.n_gpu_layers,
-            use_mmap=self.use_mmap,
-            use_mlock=self.use_mlock,
-        )
-
-    def engine_config(self) -> EngineConfig:
-        """The engine's scheduling options (caller's thread)."""
-        return EngineConfig(
-            chunk_size=self.chunk_size,
-            max_queue=self.max_queue,
-            cache_prompt=self.cache_prompt,
-            prefix_sharing=self.prefix_sharing,
-            batch_strategy=self.batch_strategy,
-            defaults=self.defaults,
-            n_ctx_per_slot=self.n_ctx_per_slot,
-            context_shift=self.context_shift,
-            ram_budget_bytes=self.ram_budget_bytes,
-            name=self.name,
-            spec_type=self.spec_type,
-            draft_max=self.draft_max,
-            draft_p_min=self.draft_p_min,
-            cache_idle_slots=self.cache_idle_slots,
-        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,6 +141,21 @@ class ServerOptions:
         """
         _known(options)
         return cls(**options)
+
+    @classmethod
+    def given(cls, options: object, changes: Mapping[str, Any]) -> ServerOptions:
+        """How every start takes its options: ``options`` (a ServerOptions, or None for
+        the defaults) with ``changes`` by name.
+
+        Raises:
+            TypeError: ``options`` is something else, or a name is not an option.
+            ConfigError: as the constructor.
+        """
+        if options is None:
+            return cls.of(**changes)
+        if not isinstance(options, ServerOptions):
+            raise TypeError(f"options must be a ServerOptions, got {type(options).__name__}")
+        return options.replace(**changes) if changes else options
 
     def replace(self, **changes: Any) -> ServerOptions:
         """These options with ``changes`` (checked again, as :meth:`of`)."""

@@ -8,27 +8,26 @@ messages interleave with ticks, and an idle engine uses no CPU.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import logging
 import threading
 import time
-import weakref
 from types import TracebackType
 from typing import Any
 
 import pykka
 
 import telemetry
+from actors.actor._crashes import TickCrashed, crashes, live_servers
+from actors.actor._loading import engine_info, load_draft, load_model
 from actors.actor._options import ServerOptions
 from actors.actor._ref import TICK, EngineRef, _Admit, _Told
-from actors.backend import LlamaBackend, Tokenizer, exact_attention, resolve_model_path
+from actors.backend import LlamaBackend, Tokenizer, resolve_model_path
 from actors.contract import (
     STREAMING,
     Cancel,
     CancelExact,
-    ConfigError,
     Drain,
     Embed,
     EngineError,
@@ -41,37 +40,12 @@ from actors.contract import (
     RequestMessage,
     Submit,
     SubmitMessage,
-    check_grammar,
 )
 from actors.engine import Engine, PreparedEmbed, courier, prepare, prepare_embed, settle
 
 __all__ = ["ServerActor"]
 
 _log = logging.getLogger("llama_cpp_actors.server")
-
-
-class _TickCrashed(Exception):
-    """A tick raised a BaseException (``sys.exit()`` in a callback, say): pykka would stop
-    every actor of the process for it; as an Exception it crashes only this engine."""
-
-
-_live_servers: weakref.WeakSet[ServerActor] = weakref.WeakSet()
-# Why an actor died, by actor URN: a Supervisor reads it to tell a crash from a stop.
-_crashes: dict[str, str] = {}
-
-
-def crash_reason(actor_urn: str) -> str | None:
-    """Why the actor with this URN crashed, or None if it stopped on request (any thread)."""
-    return _crashes.pop(actor_urn, None)
-
-
-@atexit.register
-def _stop_live_servers() -> None:
-    # The actor threads are daemons so a forgotten server never hangs interpreter
-    # exit; stop them here so llama.cpp is not torn down in the middle of a decode.
-    for server in list(_live_servers):
-        with contextlib.suppress(Exception):  # best effort at exit
-            server.actor_ref.stop(block=True, timeout=5)
 
 
 class ServerActor(pykka.ThreadingActor):
@@ -109,12 +83,7 @@ class ServerActor(pykka.ThreadingActor):
         self._actor_ref = EngineRef(self)
         # Every option is checked, alone and against the others, before anything is
         # loaded: llama.cpp aborts the process on some of them (see actors.actor._options).
-        if options is not None and not isinstance(options, ServerOptions):
-            raise TypeError(f"options must be a ServerOptions, got {type(options).__name__}")
-        if options is None:
-            options = ServerOptions.of(**changes)
-        elif changes:
-            options = options.replace(**changes)
+        options = ServerOptions.given(options, changes)
         self.actor_server_options = options
         checked = options.checked
         self.actor_options = checked.backend_options(resolve_model_path(checked.model_path))
@@ -164,39 +133,23 @@ class ServerActor(pykka.ThreadingActor):
                 )
 
         try:
-            backend = LlamaBackend(
+            backend = load_model(
                 self.actor_options,
-                on_progress=progress,
-                chat_template=self.actor_chat_template,
-                chat_template_kwargs=self.actor_chat_template_kwargs,
+                progress,
+                self.actor_chat_template,
+                self.actor_chat_template_kwargs,
+                self.actor_config.defaults.grammar,
             )
-            default_grammar = self.actor_config.defaults.grammar
-            if default_grammar is not None:  # its <piece> tokens need the vocabulary
-                try:
-                    check_grammar(default_grammar, is_single_token=backend.vocab.is_single_token)
-                except InvalidRequest as e:
-                    backend.close()
-                    raise ConfigError(f"the default grammar does not fit this model: {e}") from None
         except Exception as e:
-            _crashes[self.actor_urn] = f"loading failed: {e!r}"
+            crashes[self.actor_urn] = f"loading failed: {e!r}"
             # pykka drops the tells left in the inbox when on_start fails: answer them.
             self._fail_inbox(EngineStopped(f"{self._who} could not load its model: {e!r}"))
             raise
-        if self.actor_options.n_batch > backend.n_batch:  # llama.cpp clamps; keep it honest
-            _log.warning("n_batch clamped by llama.cpp to %d", backend.n_batch)
-        if self.actor_options.flash_attn is False or not exact_attention():
-            why = "is off" if self.actor_options.flash_attn is False else "is llama.cpp's stock kernel"
-            _log.warning(
-                "flash attention %s: a request's numbers may change with the batch and the cache "
-                "path that serves it (make install builds the batch-invariant kernel; see "
-                "docs/design/invariance.md)",
-                why,
-            )
         try:
-            draft = self._load_draft(backend)
+            draft = load_draft(backend, self.actor_draft_options)
         except Exception as e:
             backend.close()
-            _crashes[self.actor_urn] = f"loading the draft model failed: {e!r}"
+            crashes[self.actor_urn] = f"loading the draft model failed: {e!r}"
             self._fail_inbox(EngineStopped(f"{self._who} could not load its draft model: {e!r}"))
             raise
         try:
@@ -210,7 +163,7 @@ class ServerActor(pykka.ThreadingActor):
             raise
         self.actor_ref.n_ctx_slot = self.actor_engine.n_ctx_slot
         self.actor_ref.backend = self.actor_backend = backend
-        _live_servers.add(self)
+        live_servers.add(self)
         if telemetry.model_load.receivers:
             load_ms = (time.perf_counter() - t0) * 1000.0
             telemetry.emit(
@@ -226,21 +179,6 @@ class ServerActor(pykka.ThreadingActor):
         with contextlib.suppress(pykka.ActorDeadError):
             self.actor_ref.tell(CancelExact(message.request_id, message))
 
-    def _load_draft(self, target: LlamaBackend) -> LlamaBackend | None:
-        """The draft model's backend, its vocabulary checked against the target's
-        (actor thread); None without ``spec_type="draft"``."""
-        if self.actor_draft_options is None:
-            return None
-        draft = LlamaBackend(self.actor_draft_options, draft=True)  # no chat template; no recurrent model
-        differs = target.vocab.differs(draft.vocab)
-        if differs is not None:
-            draft.close()
-            raise ConfigError(
-                f"the draft model {self.actor_draft_options.model_path!r} does not share the "
-                f"model's vocabulary: {differs}"
-            )
-        return draft
-
     def on_stop(self) -> None:
         """Fail what is pending, free the model (actor thread)."""
         self._shutdown(EngineStopped(f"{self._who} was stopped"))
@@ -253,11 +191,11 @@ class ServerActor(pykka.ThreadingActor):
     ) -> None:
         """Fail what is pending after a crash, so no caller waits (actor thread)."""
         if not self._crash_recorded:  # else a Supervisor may have read (and dropped) it already
-            _crashes[self.actor_urn] = repr(exception_value)
+            crashes[self.actor_urn] = repr(exception_value)
         self._shutdown(EngineStopped(f"{self._who} crashed: {exception_value!r}"))
 
     def _shutdown(self, error: EngineError) -> None:
-        _live_servers.discard(self)
+        live_servers.discard(self)
         self.actor_ref.backend = self.actor_backend = None  # callers' threads stop preparing with it
         engine, self.actor_engine = self.actor_engine, None
         drain, self._drain = self._drain, None
@@ -326,11 +264,11 @@ class ServerActor(pykka.ThreadingActor):
         except BaseException as e:
             if message is TICK:
                 # Recorded before pykka sets actor_stopped: a Supervisor reads it then.
-                _crashes[self.actor_urn] = repr(e)
+                crashes[self.actor_urn] = repr(e)
                 self._crash_recorded = True
                 if isinstance(e, Exception):
                     raise  # the engine's state may be broken: crash, a Supervisor restarts
-                raise _TickCrashed(f"a tick raised {e!r}") from e
+                raise TickCrashed(f"a tick raised {e!r}") from e
             if told:
                 _log.exception("a told %s failed; ignored", type(message).__name__)
                 return None
@@ -368,7 +306,7 @@ class ServerActor(pykka.ThreadingActor):
         elif isinstance(message, GetStats):
             return engine.stats()
         elif isinstance(message, GetInfo):
-            return self._info(engine)
+            return engine_info(self.actor_options, self.actor_config.defaults, self.actor_backend)
         elif isinstance(message, GetTokenizer):
             assert self.actor_backend is not None
             return Tokenizer(self.actor_backend)
@@ -456,27 +394,3 @@ class ServerActor(pykka.ThreadingActor):
         if not self._tick_scheduled and engine is not None and engine.has_work:
             self._tick_scheduled = True
             self.actor_ref.tell(TICK)
-
-    def _info(self, engine: Engine) -> dict[str, Any]:
-        backend = self.actor_backend
-        assert backend is not None
-        defaults = self.actor_config.defaults
-        return {
-            "model_path": self.actor_options.model_path,
-            "n_vocab": backend.vocab.n_vocab,
-            "n_ctx_train": backend.n_ctx_train,
-            "has_chat_template": backend.chat.has_template,
-            # How the chat template writes tool calls ("generic" for one that knows none),
-            # and whether it thinks: what a chat with tools is constrained and parsed by.
-            "chat_format": backend.chat.info.syntax.name if backend.chat.info else None,
-            "chat_thinks": bool(backend.chat.info and backend.chat.info.syntax.think),
-            "n_ctx": backend.n_ctx,
-            "n_parallel": backend.n_seq_max,
-            "n_batch": backend.n_batch,
-            "n_threads": self.actor_options.n_threads,
-            # The sampling defaults a request's unset options take (grammar: whether one is set).
-            "sampling": {
-                f.name: getattr(defaults, f.name) if f.name != "grammar" else defaults.grammar is not None
-                for f in dataclasses.fields(defaults)
-            },
-        }

@@ -24,8 +24,9 @@ from typing import Any
 import pykka
 
 import telemetry
+from actors.actor._crashes import crash_reason
 from actors.actor._options import ServerOptions
-from actors.actor._server import ServerActor, crash_reason
+from actors.actor._server import ServerActor
 from actors.contract import Cancel, CancelExact, ConfigError, Drain, EngineStopped, RequestTimeout
 
 __all__ = ["Supervisor"]
@@ -78,9 +79,7 @@ class Supervisor:
         Bad options raise here, before anything starts, as they would from
         ``ServerActor.start``.
         """
-        if options is not None and not isinstance(options, ServerOptions):
-            raise TypeError(f"options must be a ServerOptions, got {type(options).__name__}")
-        options = ServerOptions.of(**changes) if options is None else options.replace(**changes)
+        options = ServerOptions.given(options, changes)
         supervisor = cls(max_restarts, max_seconds, options)
         supervisor._ref = ServerActor.start(options)
         thread = threading.Thread(target=supervisor._monitor, name="llama-cpp-actors-supervisor", daemon=True)

@@ -16,7 +16,8 @@ from types import MappingProxyType
 from typing import Any
 
 from actors.contract._errors import InvalidRequest
-from actors.contract._gbnf import MAX_GRAMMAR_BYTES, check_grammar
+from actors.contract._gbnf import check_grammar
+from actors.contract._gbnf_limits import MAX_GRAMMAR_BYTES
 
 __all__ = [
     "MAX_CHAT_MESSAGES",

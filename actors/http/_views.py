@@ -102,7 +102,7 @@ class _ModelEngine:
 
     __slots__ = ("handle", "name")
 
-    def __init__(self, handle: Any, name: str) -> None:
+    def __init__(self, handle: EngineHandle, name: str) -> None:
         self.handle = handle
         self.name = name
 

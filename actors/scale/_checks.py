@@ -152,3 +152,21 @@ def plain_options(options: Mapping[str, Any], checked: StartOptions) -> dict[str
 
 _START_FIELDS = frozenset(f.name for f in dataclasses.fields(StartOptions)) - {"defaults"}
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def replica_names(replicas: object, max_restarts: object, name: object) -> list[str]:
+    """A pool's replica names (``name``, or ``name-0``, ``name-1``...), its counts checked.
+
+    Raises:
+        ConfigError: ``replicas`` is not an int >= 1, ``max_restarts`` not an int >= 0,
+            or ``name`` not a non-empty str or None.
+    """
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ConfigError(f"replicas must be an int >= 1, got {replicas!r}")
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigError(f"name must be a non-empty str or None, got {name!r}")
+    if name is not None and replicas == 1:
+        return [name]
+    return [f"{name or 'replica'}-{i}" for i in range(replicas)]

@@ -23,8 +23,6 @@ unloaded only when it has neither leases nor requests in flight.
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -54,6 +52,7 @@ from actors.scale._checks import (
     times,
 )
 from actors.scale._handle import ModelHandle
+from actors.scale._manager_queries import drain_pools, models_stats
 from actors.scale._models import (
     Acquire,
     Model,
@@ -62,15 +61,11 @@ from actors.scale._models import (
     Snapshot,
     Unload,
     Unregister,
-    model_state,
+    tell_quietly,
     why_down,
 )
 from actors.scale._pool import ServerPool
-from actors.scale._registry import (
-    ManagerActor,
-    in_flight,
-    tell_quietly,
-)
+from actors.scale._registry import ManagerActor
 
 __all__ = ["ModelManager"]
 
@@ -351,54 +346,12 @@ class ModelManager:
             tell_quietly(self._actor, Release(model))
 
     def _stats(self, timeout: float | None) -> dict[str, Any]:
-        """Every model's state, and the stats of the engines that are ready, asked all at
-        once within one deadline (a busy engine answers after its tick)."""
-        snapshot = self._pools()
-        wait = _STATS_TIMEOUT_S if timeout is None else timeout
-        pools = {
-            name: info["pool"]
-            for name, info in snapshot["models"].items()
-            if info["pool"] is not None and info["pool"].gave_up() is None
-        }
-        deadline = time.monotonic() + wait
-        # A pool answers GetStats in the asking thread: a thread per engine, one deadline.
-        # (Plain threads: an example script's own concurrent.py would shadow the package.)
-        answers: dict[str, Any] = {}
-
-        def ask(name: str, pool: ServerPool) -> None:
-            with contextlib.suppress(Exception):  # a busy or loading engine: no stats this time
-                answers[name] = pool.ask(GetStats(), timeout=wait)
-
-        threads = [threading.Thread(target=ask, args=item, daemon=True) for item in pools.items()]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(max(deadline - time.monotonic(), 0.0))
-        got = dict(answers)  # a late answer lands in answers, not in what is read
-        for name, info in snapshot["models"].items():
-            pool = info.pop("pool")
-            engine = got.get(name)
-            info["engine"] = engine
-            # An engine that answered has loaded (the manager may not know it yet).
-            info["state"] = model_state(pool, info["ready"] or engine is not None)
-            if info["state"] == "failed":
-                info["last_error"] = pool.gave_up()
-            info["in_flight"] = 0 if pool is None else in_flight(pool)
-        return snapshot
+        """Every model's state, and the stats of the engines that are ready."""
+        return models_stats(self._pools(), _STATS_TIMEOUT_S if timeout is None else timeout)
 
     def _drain(self, message: Drain) -> int:
         """Drain every model at once, then stop the manager."""
         pools = [info["pool"] for info in self._pools()["models"].values() if info["pool"] is not None]
-        results = [0] * len(pools)
-
-        def drain(index: int, pool: ServerPool) -> None:
-            with contextlib.suppress(EngineStopped):
-                results[index] = int(pool.ask(message))
-
-        threads = [threading.Thread(target=drain, args=(i, p), daemon=True) for i, p in enumerate(pools)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        unfinished = drain_pools(pools, message)
         self.stop()
-        return sum(results)
+        return unfinished

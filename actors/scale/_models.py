@@ -5,15 +5,21 @@ pool says of its state.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import threading
 import time
 from typing import Any
 
+import pykka
+
 from actors.actor import MemoryEstimate, StartOptions
-from actors.contract import EngineStopped
+from actors.contract import EngineStopped, GetInfo
 from actors.scale._pool import ServerPool
 
 __all__ = [
+    "LOAD_WAIT_S",
     "Acquire",
     "Loaded",
     "Model",
@@ -25,6 +31,9 @@ __all__ = [
     "Unload",
     "Unregister",
     "model_state",
+    "stop_engine",
+    "tell_quietly",
+    "watch_load",
     "why_down",
 ]
 
@@ -142,3 +151,37 @@ def model_state(pool: ServerPool | None, ready: bool) -> str:
     if not ready:
         return "loading"
     return "ready" if pool.up() else "restarting"
+
+
+_log = logging.getLogger("llama_cpp_actors.manager")
+
+LOAD_WAIT_S = 3600.0  # how long a load may take before the manager stops watching it
+
+
+def stop_engine(pool: ServerPool, name: str, ref: pykka.ActorRef[Any], token: object) -> None:
+    """Stop a model's engine (its own thread), then tell the manager its memory is free."""
+    try:
+        pool.stop()
+    except Exception:
+        _log.exception("stopping model %r failed", name)
+    finally:
+        tell_quietly(ref, Stopped(token))
+
+
+def watch_load(ref: pykka.ActorRef[Any], model: Model, pool: ServerPool, generation: int) -> None:
+    """Tell the manager when the engine has loaded its model: it answers ``GetInfo``
+    only then (a thread of its own, which ends with the load)."""
+
+    def watch() -> None:
+        try:
+            pool.ask(GetInfo(), timeout=LOAD_WAIT_S)
+        except Exception:
+            return  # it failed or was stopped: gave_up() says which
+        tell_quietly(ref, Loaded(model, generation))
+
+    threading.Thread(target=watch, name=f"llama-cpp-actors-load-{model.name}", daemon=True).start()
+
+
+def tell_quietly(ref: pykka.ActorRef[Any], message: object) -> None:
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(message)

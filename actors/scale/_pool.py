@@ -27,7 +27,6 @@ cancels nothing.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -51,22 +50,18 @@ from actors.contract import (
     GetTokenizer,
     QueueFull,
     RequestMessage,
-    RequestTimeout,
     StreamMessage,
     Submit,
     SubmitMessage,
 )
-from actors.scale._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked
+from actors.scale._checks import replica_names
+from actors.scale._pool_queries import drain_replicas, pool_stats
+from actors.scale._replica import LocalReplica, Relay, Replica, ReplicaDown, Tracked, forwarding
 from actors.scale._router import Router
 
 __all__ = ["ServerPool"]
 
 _log = logging.getLogger("llama_cpp_actors.pool")
-
-# GetStats keys that are one replica's settings, not loads: never summed.
-_PER_REPLICA = frozenset({"n_batch", "n_ctx_per_slot"})
-# GetStats keys holding one entry per slot: every replica's, one after the other.
-_CONCATENATED = frozenset({"slots", "kv_positions"})
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -75,26 +70,6 @@ class _Sent:
 
     message: RequestMessage | Embed
     sent: RequestMessage | Embed
-
-
-def _forwarding(
-    settled: Callable[[], None], source: Callable[[], Tracked], outer: pykka.ThreadingFuture[Any]
-) -> Callable[[], None]:
-    """``settled``, then ``source()``'s outcome copied into ``outer`` (the thread that
-    settles ``source()``, which is set by then)."""
-
-    def settle() -> None:
-        settled()
-        try:
-            value = source().get(timeout=0)
-        except BaseException as error:
-            with contextlib.suppress(Exception):
-                outer.set_exception(exc_info=(type(error), error, error.__traceback__))
-        else:
-            with contextlib.suppress(Exception):
-                outer.set(value)
-
-    return settle
 
 
 class ServerPool:
@@ -146,17 +121,8 @@ class ServerPool:
         Raises:
             ConfigError: bad pool or server options (checked before anything starts).
         """
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-            raise ConfigError(f"replicas must be an int >= 1, got {replicas!r}")
-        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-            raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigError(f"name must be a non-empty str or None, got {name!r}")
+        names = replica_names(replicas, max_restarts, name)
         options = ServerOptions.of(**server_options)  # every option checked before anything starts
-        if name is not None and replicas == 1:
-            names = [name]
-        else:
-            names = [f"{name or 'replica'}-{i}" for i in range(replicas)]
         router = Router(
             names,
             capacity=options.n_parallel,
@@ -338,7 +304,7 @@ class ServerPool:
         sent = _Sent(message, message)  # a replica admits the caller's own message
         settled = self._settled(sent)
         if outer is not None:
-            settled = _forwarding(settled, lambda: future, outer)
+            settled = forwarding(settled, lambda: future, outer)
         future = Tracked(settled)
         tried: set[str] = set()
 
@@ -411,59 +377,18 @@ class ServerPool:
 
     def _stats(self, timeout: float | None) -> dict[str, Any]:
         """Each replica's GetStats (None when down), their sums, the router's decisions."""
-        per: dict[str, dict[str, Any] | None] = {}
-        for name, replica in self._replicas.items():
-            try:
-                per[name] = replica.call(GetStats(), timeout) if replica.up() else None
-            except ReplicaDown:
-                per[name] = None
-        totals: dict[str, Any] = {}
-        for stats in per.values():
-            for key, value in (stats or {}).items():
-                if key in _CONCATENATED:  # every replica's, in replica order
-                    totals[key] = totals.get(key, ()) + value
-                elif key not in _PER_REPLICA:
-                    totals[key] = totals.get(key, 0) + value
-        drafted = totals.get("draft_tokens", 0)
-        if "draft_acceptance_rate" in totals:  # a ratio: of the sums, not a sum
-            totals["draft_acceptance_rate"] = totals.get("draft_accepted", 0) / drafted if drafted else 0.0
-        totals["replicas"] = per
-        totals["replicas_up"] = sum(1 for s in per.values() if s is not None)
+        totals = pool_stats(self._replicas.values(), timeout)
         totals["routing"] = dict(self.router.decisions)
         return totals
 
     def _drain(self, message: Drain, timeout: float | None) -> int:
-        """Drain every replica at once, then stop the pool (caller's thread).
-
-        A replica that is down, or dies while draining, has nothing left to count (its
-        requests got ``EngineStopped`` when it died). One whose drain outlives
-        ``timeout`` is stopped with the pool: its requests in flight count as unfinished.
-        """
-        results: dict[str, int] = {}
-        late: list[str] = []
-        errors: list[BaseException] = []
-
-        def drain(replica: Replica) -> None:
-            try:
-                results[replica.name] = int(replica.call(message, timeout))
-            except (ReplicaDown, EngineStopped) as e:
-                if not isinstance(e, ReplicaDown):
-                    _log.warning("%s stopped while draining: %s", replica.name, e)
-            except RequestTimeout:
-                late.append(replica.name)
-            except Exception as e:
-                errors.append(e)
-
-        threads = [
-            threading.Thread(target=drain, args=(r,), name=f"{r.name}-drain", daemon=True)
-            for r in self._replicas.values()
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        """Drain every replica at once, then stop the pool (caller's thread): the
+        requests that did not finish (see :func:`drain_replicas`)."""
+        try:
+            results, late = drain_replicas(self._replicas.values(), message, timeout)
+        except Exception:
+            self.stop()
+            raise
         loads = self.router.loads()
         self.stop()
-        if errors:
-            raise errors[0]
         return sum(results.values()) + sum(loads.get(name, 0) for name in late)

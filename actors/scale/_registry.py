@@ -6,7 +6,6 @@ Everything here runs in the manager actor's thread, except ``machine_memory_mb``
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -19,7 +18,6 @@ from actors.actor import estimate_options
 from actors.contract import (
     ConfigError,
     EngineError,
-    GetInfo,
     InvalidRequest,
     MemoryBudgetExceeded,
     ModelFailedLately,
@@ -27,6 +25,7 @@ from actors.contract import (
     QueueFull,
 )
 from actors.scale._checks import listed, times
+from actors.scale._eviction import in_flight, victims
 from actors.scale._models import (
     Acquire,
     Loaded,
@@ -38,10 +37,13 @@ from actors.scale._models import (
     Sweep,
     Unload,
     Unregister,
+    stop_engine,
+    tell_quietly,
+    watch_load,
 )
 from actors.scale._pool import ServerPool
 
-__all__ = ["ManagerActor", "in_flight", "tell_quietly"]
+__all__ = ["ManagerActor"]
 
 _log = logging.getLogger("llama_cpp_actors.manager")
 
@@ -50,11 +52,6 @@ _MIB = 1 << 20
 _SWEEP_MIN_S, _SWEEP_MAX_S = 0.05, 5.0
 _STOP_WAIT_S = 30.0  # how long a load waits for the idle engines it unloaded to stop
 _FAILED_BACKOFF_S = 60.0  # a model that failed lately unloads no working model to load again
-_LOAD_WAIT_S = 3600.0  # how long a load may take before the manager stops watching it
-
-
-def in_flight(pool: ServerPool) -> int:
-    return sum(pool.router.loads().values())
 
 
 class ManagerActor(pykka.ThreadingActor):
@@ -274,51 +271,16 @@ class ManagerActor(pykka.ThreadingActor):
         model.ready = False
         model.loaded_at = model.idle_since = time.monotonic()
         model.last_error = None
-        _watch_load(self.actor_ref, model, model.pool, model.generation)
+        watch_load(self.actor_ref, model, model.pool, model.generation)
         self._arm_sweep()
 
     def _has_room(self) -> bool:
         return not self.max_models or self._loaded() < self.max_models
 
     def _victims(self, model: Model, needed: float) -> list[Model]:
-        """The idle models to unload, least recently used first, for ``needed`` MiB and a
-        place under ``max_models``; none if even all of them would not make it fit."""
-        held, loaded = self._held_mb(), self._loaded()
-        idle = sorted(
-            (m for m in self.models.values() if m.pool is not None and self._evictable(m)),
-            key=lambda m: m.idle_since,
-        )
-        victims: list[Model] = []
-        for victim in idle:
-            if held + needed <= self.budget_mb and (not self.max_models or loaded < self.max_models):
-                break
-            victims.append(victim)
-            held -= victim.estimate.total_mb
-            loaded -= 1
-        busy = [m.name for m in self.models.values() if m.pool is not None and m not in victims]
-        if self.max_models and loaded >= self.max_models:
-            raise ModelLoadError(
-                f"model {model.name!r} cannot load: {loaded} models are loaded (max_models="
-                f"{self.max_models}) and none is idle ({', '.join(busy)})"
-            )
-        if held + needed > self.budget_mb:
-            raise MemoryBudgetExceeded(
-                f"model {model.name!r} needs about {needed:.0f} MiB, but {held:.0f} MiB of the "
-                f"{self.budget_mb:.0f} MiB budget is held by models in use, loading or pinned "
-                f"({', '.join(busy)})",
-                needed_mb=needed,
-                budget_mb=self.budget_mb,
-                held_mb=held,
-            )
-        return victims
-
-    def _evictable(self, model: Model) -> bool:
-        pool = model.pool
-        if pool is None or model.pinned or model.leases:
-            return False
-        if pool.gave_up() is not None:
-            return True  # a failed engine holds nothing worth keeping
-        return model.ready and in_flight(pool) == 0  # a loading engine would stop only once loaded
+        """The idle models to unload for ``model`` (see :func:`victims`)."""
+        return victims(model, needed, self.models.values(), self._held_mb(), self._loaded(),
+                       self.budget_mb, self.max_models)  # fmt: skip
 
     def _unload(self, model: Model, reason: str) -> None:
         """Take the model's engine away now and stop it in a thread of its own; its
@@ -332,7 +294,9 @@ class ManagerActor(pykka.ThreadingActor):
         token = object()
         ref = self.actor_ref
         stopper = threading.Thread(
-            target=_stop, args=(pool, model.name, ref, token), name=f"llama-cpp-actors-unload-{model.name}"
+            target=stop_engine,
+            args=(pool, model.name, ref, token),
+            name=f"llama-cpp-actors-unload-{model.name}",
         )
         stopper.daemon = True
         self._stopping[token] = (model.estimate.total_mb, stopper)
@@ -411,32 +375,3 @@ class ManagerActor(pykka.ThreadingActor):
                 for m in self.models.values()
             },
         }
-
-
-def _stop(pool: ServerPool, name: str, ref: pykka.ActorRef[Any], token: object) -> None:
-    """Stop a model's engine (its own thread), then tell the manager its memory is free."""
-    try:
-        pool.stop()
-    except Exception:
-        _log.exception("stopping model %r failed", name)
-    finally:
-        tell_quietly(ref, Stopped(token))
-
-
-def _watch_load(ref: pykka.ActorRef[Any], model: Model, pool: ServerPool, generation: int) -> None:
-    """Tell the manager when the engine has loaded its model: it answers ``GetInfo``
-    only then (a thread of its own, which ends with the load)."""
-
-    def watch() -> None:
-        try:
-            pool.ask(GetInfo(), timeout=_LOAD_WAIT_S)
-        except Exception:
-            return  # it failed or was stopped: gave_up() says which
-        tell_quietly(ref, Loaded(model, generation))
-
-    threading.Thread(target=watch, name=f"llama-cpp-actors-load-{model.name}", daemon=True).start()
-
-
-def tell_quietly(ref: pykka.ActorRef[Any], message: object) -> None:
-    with contextlib.suppress(pykka.ActorDeadError):
-        ref.tell(message)

@@ -35,7 +35,7 @@ from actors.contract import (
     put_nowait,
 )
 
-__all__ = ["LocalReplica", "Relay", "Replica", "ReplicaDown", "Tracked"]
+__all__ = ["LocalReplica", "Relay", "Replica", "ReplicaDown", "Tracked", "forwarding"]
 
 
 class ReplicaDown(Exception):
@@ -207,3 +207,23 @@ class LocalReplica:
 
     def stop(self) -> None:
         self.supervisor.stop()
+
+
+def forwarding(
+    settled: Callable[[], None], source: Callable[[], Tracked], outer: pykka.ThreadingFuture[Any]
+) -> Callable[[], None]:
+    """``settled``, then ``source()``'s outcome copied into ``outer`` (the thread that
+    settles ``source()``, which is set by then)."""
+
+    def settle() -> None:
+        settled()
+        try:
+            value = source().get(timeout=0)
+        except BaseException as error:
+            with contextlib.suppress(Exception):
+                outer.set_exception(exc_info=(type(error), error, error.__traceback__))
+        else:
+            with contextlib.suppress(Exception):
+                outer.set(value)
+
+    return settle

@@ -36,7 +36,7 @@ from actors import (
     Token,
     default_model_path,
 )
-from actors.actor._server import crash_reason
+from actors.actor._crashes import crash_reason
 from actors.backend._faults import faults
 from actors.engine._batch import check_plan
 from actors.engine._draft_model import ModelDrafter

@@ -47,7 +47,7 @@ from actors import (
     generate,
     stream,
 )
-from actors.actor._server import crash_reason
+from actors.actor._crashes import crash_reason
 
 # -- class 4: a told message never kills the engine --------------------------------------------
 
