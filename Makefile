@@ -53,7 +53,7 @@ test: install lint
 # that loads the model here fails (LLAMA_MODEL names no file), so it must be marked.
 test-fast: install
 	LLAMA_CPP_ACTORS_NO_MODEL=1 LLAMA_MODEL=/nonexistent/make-test-fast-loads-no-model.gguf \
-		$(PY) -m pytest -q -p no:cacheprovider -m "not model and not subprocess and not ray and not slow"
+		$(PY) -m pytest -q -p no:cacheprovider -m "not model and not subprocess and not ray and not slow and not bench_smoke"
 
 lint: install
 	$(PY) -m ruff check actors strategies telemetry examples tests bench

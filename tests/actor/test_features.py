@@ -180,6 +180,7 @@ CONVERSATIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("messages", CONVERSATIONS, ids=["user", "system+user"])
 def test_greedy_chat_equals_create_chat_completion(
     start_server: StartServer, reference_llama: Any, messages: list[dict[str, str]]

@@ -272,6 +272,7 @@ def test_a_constrained_call_near_max_tokens_is_closed_so_it_parses(
     assert joined == "".join(c.arguments for c in done.completion.tool_calls)
 
 
+@pytest.mark.slow
 def test_required_calls_that_the_model_would_not_finish_are_finished(model_path: str) -> None:
     # llama.cpp's own required-call test, whose python call the 135M model never closes
     # under Llama 3.2's template ("1234567890..." on and on): closed, and said so.
@@ -322,6 +323,7 @@ def test_required_calls_that_the_model_would_not_finish_are_finished(model_path:
         jsonschema.validate(json.loads(got.tool_calls[0].arguments), schema)
 
 
+@pytest.mark.slow
 def test_thinking_opened_by_the_template_goes_to_reasoning(model_path: str) -> None:
     # DeepSeek R1's template opens the reply with "<think>\n": the reply is thinking
     # until "</think>"; reasoning_format "none" leaves it in the text.

@@ -48,6 +48,7 @@ def test_this_build_has_the_batch_invariant_kernel() -> None:
     assert exact_attention(), "llama.cpp was built without actors/backend/patches (run make install)"
 
 
+@pytest.mark.slow
 def test_raw_llama_cpp_logits_do_not_move_with_cells_batch_or_threads(model_path: str) -> None:
     # The bug as first reproduced: cells freed below a sequence, a batch of 70 rows beside
     # it; with flash attention on (the default), 1 and 2 threads.
@@ -146,6 +147,7 @@ def test_through_speculative_verification(start_server: StartServer, floor: floa
         same_numbers(refs[0], choice)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ram_mb", [0, 64], ids=["recompute", "restore from RAM"])
 def test_after_preemption(start_server: StartServer, floor: float, ram_mb: int) -> None:
     prompts = [f"List {i}: apples, pears," for i in range(4)]

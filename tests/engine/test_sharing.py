@@ -71,6 +71,7 @@ def test_a_prefix_another_slot_holds_is_copied_and_its_cells_counted_once(start_
     assert stats["kv_cells_used"] == sum(held) - shared
 
 
+@pytest.mark.slow
 def test_sharing_from_busy_slots_gives_the_output_of_sharing_nothing(start_server: StartServer) -> None:
     prompts = [prompt(i) for i in range(4)]
     expected = greedy_references(start_server, prompts, 24, at_least=LONGEST)

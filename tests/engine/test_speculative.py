@@ -542,6 +542,7 @@ def test_a_draft_model_drafting_for_itself_is_accepted_and_changes_nothing(start
     assert drafter_of(ref).n_passes < stats["draft_tokens"]
 
 
+@pytest.mark.slow
 def test_a_draft_model_follows_shifts_preemptions_and_cancels(start_server: StartServer) -> None:
     # Past its slot's positions a request stops drafting; preempted requests move
     # between slots and the draft model's sequences follow: outputs unchanged. AllDrafts
@@ -611,6 +612,7 @@ SYSTEM = "You are a careful assistant. " + " ".join(
 )
 
 
+@pytest.mark.slow
 def test_slots_sharing_a_long_system_prompt_share_the_draft_context(start_server: StartServer) -> None:
     # Four slots of 512 positions in 512 cells (serve's default: a slot may use the
     # whole context). The draft context holds the ~300-token system prompt once, as
