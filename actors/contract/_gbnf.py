@@ -50,7 +50,15 @@ from actors.contract._gbnf_limits import (
 )
 from actors.contract._gbnf_scan import _Scanner
 
-__all__ = ["check_grammar"]
+# The limits this checker enforces are part of its interface (defined in _gbnf_limits).
+__all__ = [
+    "MAX_GRAMMAR_BYTES",
+    "MAX_GRAMMAR_DEPTH",
+    "MAX_GRAMMAR_ELEMENTS",
+    "MAX_GRAMMAR_REPEAT",
+    "MAX_GRAMMAR_RULES",
+    "check_grammar",
+]
 
 _NAME = re.compile(r"[A-Za-z0-9-]+")
 _PLAIN = re.compile(r'[^"\\]+')

@@ -26,15 +26,15 @@ from hypothesis import strategies as st
 
 from actors.contract import _gbnf as _grammar
 from actors.contract._errors import InvalidRequest
-from actors.contract._gbnf import (
+from actors.contract._gbnf import check_grammar
+from actors.contract._gbnf_cost import MAX_GRAMMAR_ALTERNATIVES, MAX_GRAMMAR_CHAIN
+from actors.contract._gbnf_limits import (
     MAX_GRAMMAR_BYTES,
     MAX_GRAMMAR_DEPTH,
     MAX_GRAMMAR_ELEMENTS,
     MAX_GRAMMAR_REPEAT,
     MAX_GRAMMAR_RULES,
-    check_grammar,
 )
-from actors.contract._gbnf_cost import MAX_GRAMMAR_ALTERNATIVES, MAX_GRAMMAR_CHAIN
 from actors.contract._schema import (
     MAX_SCHEMA_ALTERNATIVES,
     MAX_SCHEMA_BYTES,
