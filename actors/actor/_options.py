@@ -34,7 +34,6 @@ allocates but the machine cannot hold is not caught here.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,7 +61,7 @@ from actors.actor._option_values import (
 )
 from actors.actor._start_options import StartOptions
 from actors.backend import default_n_threads
-from actors.contract import ConfigError
+from actors.contract import ConfigError, did_you_mean
 from strategies import BatchStrategy, DecodeMaximal
 
 __all__ = ["OPTION_NAMES", "ServerOptions", "StartOptions", "check_options", "unknown_option"]
@@ -187,7 +186,7 @@ def _known(options: Mapping[str, object]) -> None:
 
 def unknown_option(name: str) -> str:
     """What to say of a keyword that is not an option (any thread)."""
-    guess = _ALIASES.get(name) or next(iter(difflib.get_close_matches(name, OPTION_NAMES, n=1)), None)
+    guess = did_you_mean(name, OPTION_NAMES, _ALIASES)
     hint = f"; did you mean {guess!r}?" if guess else " (see docs/reference/options.md)"
     return f"{name!r} is not an option of ServerActor.start(){hint}"
 

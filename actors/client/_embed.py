@@ -30,7 +30,7 @@ __all__ = ["aembed", "embed"]
 
 def embed(
     ref: EngineHandle,
-    texts: Sequence[str | Sequence[int]],
+    texts: str | Sequence[str | Sequence[int]],
     model: str | None = None,
     normalize: bool = True,
     pooling: Pooling | None = None,
@@ -40,7 +40,7 @@ def embed(
 
     Args:
         ref: the server: a ServerActor's ref, a ``Supervisor`` or a ``ServerPool``.
-        texts: strings, or lists of token ids.
+        texts: strings, or lists of token ids; or one string.
         model: which model, for a handle that serves several.
         normalize: scale each vector to unit length.
         pooling: ``"mean"``, ``"cls"`` or ``"last"``; None takes the model's own, else mean.
@@ -48,13 +48,18 @@ def embed(
             ``RequestTimeout`` raised.
 
     Returns:
-        float32, shape ``(len(texts), n_embd)``, read-only.
+        float32, shape ``(len(texts), n_embd)``, read-only; for one string, its vector,
+        shape ``(n_embd,)``.
 
     Raises:
         InvalidRequest: bad texts or options (an empty list, an empty text...).
         QueueFull, EngineError: as ``generate``.
     """
-    return embed_result(ref, Embed(texts, model=model, normalize=normalize, pooling=pooling), timeout).vectors
+    message = Embed(
+        [texts] if isinstance(texts, str) else texts, model=model, normalize=normalize, pooling=pooling
+    )
+    vectors = embed_result(ref, message, timeout).vectors
+    return vectors[0] if isinstance(texts, str) else vectors
 
 
 def embed_result(ref: EngineHandle, message: Embed, timeout: float | None = None) -> Embeddings:
@@ -91,16 +96,18 @@ class _LoopFuture(pykka.ThreadingFuture[Any]):
 
 async def aembed(
     ref: EngineHandle,
-    texts: Sequence[str | Sequence[int]],
+    texts: str | Sequence[str | Sequence[int]],
     model: str | None = None,
     normalize: bool = True,
     pooling: Pooling | None = None,
     timeout: float | None = None,
 ) -> npt.NDArray[np.float32]:
     """Await the vectors of ``texts``; as :func:`embed`, on the event loop."""
-    message = Embed(texts, model=model, normalize=normalize, pooling=pooling)
-    result = await aembed_result(ref, message, timeout)
-    return result.vectors
+    message = Embed(
+        [texts] if isinstance(texts, str) else texts, model=model, normalize=normalize, pooling=pooling
+    )
+    vectors = (await aembed_result(ref, message, timeout)).vectors
+    return vectors[0] if isinstance(texts, str) else vectors
 
 
 async def aembed_result(ref: EngineHandle, message: Embed, timeout: float | None = None) -> Embeddings:

@@ -46,6 +46,7 @@ from actors.contract._messages import (
     StreamTokens,
     SubmitMessage,
 )
+from actors.contract._names import did_you_mean
 from actors.contract._results import (
     Completion,
     Done,
@@ -114,6 +115,7 @@ __all__ = [
     "checked_template_tools",
     "checked_text",
     "checked_tokens",
+    "did_you_mean",
     "grammar_for_schema",
     "is_int",
     "put_nowait",

@@ -239,6 +239,11 @@ def checked_tokens(tokens: object) -> tuple[int, ...]:
     _require(len(tokens) > 0, "tokens must not be empty")
     _require(len(tokens) <= MAX_PROMPT_TOKENS, f"tokens may hold at most {MAX_PROMPT_TOKENS} ids")
     checked = tuple(tokens)
+    _require(
+        not any(isinstance(t, Mapping) for t in checked[:1]),
+        "these look like chat messages, not token ids: use chat(ref, messages) or Chat(messages) "
+        "(generate() and Generate take a prompt string or token ids)",
+    )
     for token in checked:
         _require(
             is_int(token) and 0 <= token <= _INT32_MAX,

@@ -118,3 +118,12 @@ class EngineStopped(EngineError):
 
 class RequestTimeout(EngineError, TimeoutError):
     """A helper's timeout passed before the request finished; it was cancelled."""
+
+
+# Tracebacks and reprs name them as users import them (``actors.ConfigError``), not by
+# the private module that defines them; pickle finds them there too.
+for _error in (
+    EngineError, InvalidRequest, PromptTooLong, QueueFull, ConfigError, ModelLoadError,
+    MemoryBudgetExceeded, ModelFailedLately, StrategyError, DecodeError, EngineStopped, RequestTimeout,
+):  # fmt: skip
+    _error.__module__ = "actors"

@@ -34,6 +34,7 @@ from actors.contract._checks import (
     checked_tokens,
     is_int,
 )
+from actors.contract._names import REQUEST_ALIASES, suggesting
 from actors.contract._sampling import ReplyTo, SamplingParams
 from actors.contract._tools import REASONING_FORMATS, checked_chat, checked_tool_choice, checked_tools
 
@@ -85,7 +86,8 @@ class _RequestMessage:
     penalty_present: float | None = None
     grammar: str | None = None
     json_schema: Mapping[str, Any] | None = None
-    stop: Sequence[str] | None = None
+    stop: str | Sequence[str] | None = None
+    """Strings that end the text when it contains one (a single string is one stop)."""
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
@@ -127,10 +129,12 @@ class _RequestMessage:
                 "end-of-generation, which ignore_eos bans",
             )
             self._set("json_schema", MappingProxyType(_checked_schema(self.json_schema)))
+        if isinstance(self.stop, str):  # one stop string, as OpenAI takes it
+            self._set("stop", (self.stop,))
         if self.stop is not None:
             _require(
-                isinstance(self.stop, Sequence) and not isinstance(self.stop, str | bytes),
-                "stop must be a list of strings",
+                isinstance(self.stop, Sequence) and not isinstance(self.stop, bytes),
+                "stop must be a string or a list of strings",
             )
             _require(len(self.stop) <= MAX_STOP_STRINGS, f"stop takes at most {MAX_STOP_STRINGS} strings")
             stops = tuple(checked_text("a stop string", s, MAX_STOP_LENGTH) for s in self.stop)
@@ -385,3 +389,8 @@ StreamMessage = Stream | StreamTokens | StreamChat
 """The requests answered event by event on their ``reply_to``."""
 RequestMessage = SubmitMessage | StreamMessage
 STREAMING = (Stream, StreamTokens, StreamChat)
+
+
+# A keyword the constructor does not take names the option it likely meant.
+for _message in (Generate, GenerateTokens, Stream, StreamTokens, Chat, StreamChat):
+    suggesting(_message, f"{_message.__name__}()", REQUEST_ALIASES, " (see docs/reference/requests.md)")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from helpers import Opaque
 
+import actors
 from actors import (
     Cancel,
     Chat,
@@ -134,7 +135,8 @@ def test_cancel_is_frozen() -> None:
         {"logprobs": -1},
         {"logprobs": 21},
         {"logprobs": 1.5},
-        {"stop": "abc"},
+        {"stop": ""},
+        {"stop": b"abc"},
         {"stop": [""]},
         {"stop": ["ok", 3]},
         {"stop": ["x"] * 33},
@@ -263,3 +265,46 @@ def test_a_schema_nested_past_the_recursion_limit_is_refused_not_a_recursion_err
     schema = functools.reduce(lambda inner, _: {"type": "object", "properties": {"a": inner}}, range(400), {})
     with pytest.raises(InvalidRequest, match="nests deeper"):
         Generate("x", json_schema=schema)
+
+
+# -- names a newcomer brings from elsewhere -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("temperature", "temp"), ("n_predict", "max_tokens"), ("stop_sequences", "stop"),
+     ("max_new_tokens", "max_tokens"), ("presence_penalty", "penalty_present"), ("maxtokens", "max_tokens")],
+)  # fmt: skip
+def test_an_unknown_keyword_names_the_option_it_likely_meant(typo: str, meant: str) -> None:
+    messages = {
+        Generate: ("hi",), GenerateTokens: ([1, 2],), Stream: ("hi",), StreamTokens: ([1, 2],),
+        Chat: ([{"role": "user", "content": "hi"}],), StreamChat: ([{"role": "user", "content": "hi"}],),
+    }  # fmt: skip
+    for cls, args in messages.items():
+        extra = {"reply_to": queue.Queue()} if cls in (Stream, StreamTokens, StreamChat) else {}
+        with pytest.raises(TypeError, match=f"not an option of {cls.__name__}\\(\\); did you mean '{meant}'"):
+            cls(*args, **{typo: 1}, **extra)
+    with pytest.raises(TypeError, match=r"requests\.md"):  # nothing close: where to look
+        Generate("hi", zzzz=1)
+
+
+def test_a_single_stop_string_is_one_stop() -> None:
+    message = Generate("hi", stop="\n")
+    assert message.stop == ("\n",)
+    assert pickle.loads(pickle.dumps(message)).stop == ("\n",)
+    assert dataclasses.replace(message, max_tokens=3).stop == ("\n",)
+
+
+def test_chat_messages_given_as_tokens_point_to_chat() -> None:
+    with pytest.raises(InvalidRequest, match=r"use chat\(ref, messages\) or Chat\(messages\)"):
+        GenerateTokens([{"role": "user", "content": "hi"}])
+
+
+def test_public_errors_are_named_by_their_public_path() -> None:
+    errors = [getattr(actors, name) for name in actors.__all__ if name.endswith(("Error", "Full", "Request",
+              "Stopped", "Timeout", "Exceeded", "Lately", "Long"))]  # fmt: skip
+    assert len(errors) == 12
+    for error in errors:
+        assert issubclass(error, actors.EngineError)
+        assert f"{error.__module__}.{error.__qualname__}" == f"actors.{error.__name__}"
+        assert pickle.loads(pickle.dumps(error)) is error  # found again by that path

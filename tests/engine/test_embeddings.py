@@ -121,6 +121,16 @@ def test_token_id_texts_equal_their_text(embedder: pykka.ActorRef[Any]) -> None:
     np.testing.assert_allclose(both[0], both[1], atol=1e-6)
 
 
+def test_one_string_is_one_vector(embedder: pykka.ActorRef[Any]) -> None:
+    # embed(ref, "text"), as sentence-transformers' encode takes one: its vector, 1-D.
+    listed = embed(embedder, [TEXTS[0]], timeout=60)
+    one = embed(embedder, TEXTS[0], timeout=60)
+    assert one.shape == listed.shape[1:] and not one.flags.writeable
+    np.testing.assert_array_equal(one, listed[0])
+    got = asyncio.run(aembed(embedder, TEXTS[0], timeout=60))
+    np.testing.assert_array_equal(got, listed[0])
+
+
 def test_one_text_at_a_time(embedder: pykka.ActorRef[Any], references: Any) -> None:
     for text in TEXTS:
         got = embed(embedder, [text], pooling="last", timeout=60)
