@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import hmac
 import json
 import logging
@@ -142,9 +143,27 @@ def _routes() -> list[Route]:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
-    message = "File Not Found" if status == 404 else str(getattr(exc, "detail", "")) or "error"
+    message = _not_found(request) if status == 404 else str(getattr(exc, "detail", "")) or "error"
     headers = getattr(exc, "headers", None) or {}
     return error_response(HttpError(status, message, headers=headers))
+
+
+def _not_found(request: Request) -> str:
+    """A 404 that names the path asked for, the endpoint it was likely meant for, and
+    what this server serves (llama-server says only "File Not Found")."""
+    served: dict[str, list[str]] = {"POST": [], "GET": []}
+    for route in request.app.routes:
+        for method in sorted(getattr(route, "methods", None) or ()):
+            if method in served:
+                served[method].append(route.path)
+    path = request.url.path[:200]
+    guess = difflib.get_close_matches(path, served["POST"] + served["GET"], n=1)
+    hint = f"; did you mean {guess[0]}?" if guess else ""
+    listing = "; ".join(f"{method} {', '.join(paths)}" for method, paths in served.items() if paths)
+    return (
+        f"File Not Found: {request.method} {path} is not an endpoint of this server{hint} "
+        f"It serves {listing} (see docs/guides/http.md)"
+    )
 
 
 def _is_localhost(origin: str) -> bool:

@@ -425,6 +425,19 @@ def test_health_models_props_slots_metrics(running: Running) -> None:
     assert "llama_cpp_actors_requests_total" in metrics.text
 
 
+def test_an_unknown_endpoint_is_a_404_naming_it_and_what_is_served(running: Running) -> None:
+    missing = httpx.get(running.url + "/no/such/path")
+    message = missing.json()["error"]["message"]
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert "GET /no/such/path is not an endpoint" in message
+    assert "POST /completion" in message and "/v1/chat/completions" in message and "GET /health" in message
+    typo = httpx.post(running.url + "/v1/chat/completion", json={})
+    assert typo.status_code == 404 and "did you mean /v1/chat/completions?" in typo.json()["error"]["message"]
+    # A path it serves, with a method it does not: 405, and what is allowed.
+    wrong = httpx.get(running.url + "/v1/chat/completions")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+
+
 def test_errors_have_llama_server_bodies_and_statuses(running: Running) -> None:
     missing = httpx.get(running.url + "/no/such/path")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
