@@ -18,4 +18,7 @@ for p in "$HERE"/*.patch; do
     echo "applied $(basename "$p")"
 done
 mkdir -p "$OUT"
-"$PY" -m pip wheel -q --no-deps --no-cache-dir -w "$OUT" "$SRC"
+# The compile is silent for minutes: say what it is, and that it goes on, every 30 s.
+echo "building llama-cpp-python (llama.cpp) for this CPU: about 5 minutes on 2 cores, once"
+echo "per CPU and patch set"
+bash "$HERE/with_progress.sh" "$WORK/build.log" "$PY" -m pip wheel -v --no-deps --no-cache-dir -w "$OUT" "$SRC"
