@@ -12,7 +12,7 @@ import weakref
 
 import pykka
 
-__all__ = ["TickCrashed", "crash_reason", "crashes", "live_servers"]
+__all__ = ["TickCrashed", "crash_reason", "crashes", "live_servers", "why_died"]
 
 
 class TickCrashed(Exception):
@@ -23,6 +23,12 @@ class TickCrashed(Exception):
 live_servers: weakref.WeakSet[pykka.ThreadingActor] = weakref.WeakSet()  # ServerActors
 # Why an actor died, by actor URN: a Supervisor reads it to tell a crash from a stop.
 crashes: dict[str, str] = {}
+
+
+def why_died(actor_urn: str) -> str | None:
+    """Why the actor with this URN crashed, if it recorded it, without taking the record
+    (a Supervisor's monitor takes it; any thread)."""
+    return crashes.get(actor_urn)
 
 
 def crash_reason(actor_urn: str) -> str | None:

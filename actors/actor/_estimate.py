@@ -149,7 +149,9 @@ def estimate_options(options: StartOptions) -> MemoryEstimate:
     if options.draft_model_path is not None:
         # The draft context takes the target's context options, with f16 KV.
         draft_options = dataclasses.replace(options, type_k=None, type_v=None)
-        draft = sum(_parts(_header(resolve_model_path(options.draft_model_path)), draft_options))
+        draft = sum(
+            _parts(_header(resolve_model_path(options.draft_model_path, "draft_model_path=")), draft_options)
+        )
     return MemoryEstimate(
         model_path=path,
         weights_mb=weights,

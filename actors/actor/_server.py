@@ -93,7 +93,7 @@ class ServerActor(pykka.ThreadingActor):
             if checked.draft_model_path is None
             else dataclasses.replace(
                 self.actor_options,
-                model_path=resolve_model_path(checked.draft_model_path),
+                model_path=resolve_model_path(checked.draft_model_path, "draft_model_path="),
                 type_k=None,
                 type_v=None,
             )

@@ -24,7 +24,7 @@ from typing import Any
 import pykka
 
 import telemetry
-from actors.actor._crashes import crash_reason
+from actors.actor._crashes import crash_reason, why_died
 from actors.actor._options import ServerOptions
 from actors.actor._server import ServerActor
 from actors.contract import Cancel, CancelExact, ConfigError, Drain, EngineStopped, RequestTimeout
@@ -167,7 +167,8 @@ class Supervisor:
         try:
             return ref.ask(message, block=block, timeout=timeout)
         except pykka.ActorDeadError as e:
-            raise EngineStopped(f"the engine died while handling the message: {e}") from None
+            reason = why_died(ref.actor_urn)  # its own reason (a load that failed), not pykka's
+            raise EngineStopped(f"the engine died while handling the message: {reason or e}") from None
 
     def tell(self, message: Any) -> None:
         """``ActorRef.tell`` to the current actor (caller's thread); a cancel never waits."""
@@ -183,7 +184,7 @@ class Supervisor:
         try:
             ref.tell(message)
         except pykka.ActorDeadError as e:
-            raise EngineStopped(f"the engine died: {e}") from None
+            raise EngineStopped(f"the engine died: {why_died(ref.actor_urn) or e}") from None
 
     def drain(self, message: Drain, timeout: float | None = None) -> int:
         """Drain the current actor, wait until it stopped, and return the unfinished count.
@@ -332,6 +333,12 @@ class Supervisor:
                 self._stopped = ("the engine was drained" if self._draining else "the engine was stopped") + (
                     f" (it crashed while draining: {reason})" if reason is not None else ""
                 )
+                self._lock.notify_all()
+                return None
+            if reason.startswith("loading"):
+                # The model (or its draft) could not load: it would fail again. The
+                # reason goes to whoever asks next, said once, not logged here too.
+                self._gave_up = f"the engine could not load its model, so it is not restarted ({reason})"
                 self._lock.notify_all()
                 return None
             now = time.monotonic()

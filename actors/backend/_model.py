@@ -38,11 +38,21 @@ def default_model_path() -> str:
     raise ModelLoadError(f"the default model {DEFAULT_MODEL_FILE} is not installed: {_INSTALL_HINT}")
 
 
-def resolve_model_path(model_path: str | os.PathLike[str] | None) -> str:
-    """``model_path`` or the default, checked to be a readable file (caller's thread)."""
+def resolve_model_path(model_path: str | os.PathLike[str] | None, knob: str = "model_path=") -> str:
+    """``model_path`` or the default, checked to be a readable file (caller's thread).
+
+    ``knob`` is how the caller's interface names the model (``model_path=`` in Python,
+    ``-m`` on the command line): a file that is missing is named, with it.
+
+    Raises:
+        ModelLoadError: the file is missing, unreadable or not a GGUF file, or no model
+            was named and the default one is not installed.
+    """
     path = default_model_path() if model_path is None else os.fspath(model_path)
     if not os.path.isfile(path):
-        raise ModelLoadError(f"model file {path!r} does not exist: {_INSTALL_HINT}")
+        where = "LLAMA_MODEL names" if model_path is None else f"{knob} names"
+        what = "is not a file" if os.path.exists(path) else "does not exist"
+        raise ModelLoadError(f"model file {path!r} {what} ({where} it): give {knob} a GGUF file")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)

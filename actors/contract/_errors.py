@@ -54,16 +54,19 @@ class PromptTooLong(InvalidRequest):
     Attributes:
         n_prompt_tokens: the prompt's length in tokens.
         n_ctx: a slot's context, in tokens (``n_ctx_per_slot``).
+        truncatable: whether the request could have asked to be truncated (a
+            generation's ``truncate``; an embedding's text cannot be).
     """
 
-    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
+    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int, truncatable: bool = True) -> None:
         super().__init__(message)
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
+        self.truncatable = truncatable
 
     def __reduce__(self) -> tuple[object, ...]:
         # Picklable with its numbers (a ServerPool's Ray replicas send it back).
-        return (type(self), (str(self), self.n_prompt_tokens, self.n_ctx))
+        return (type(self), (str(self), self.n_prompt_tokens, self.n_ctx, self.truncatable))
 
 
 class QueueFull(EngineError):

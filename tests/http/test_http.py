@@ -438,6 +438,27 @@ def test_an_unknown_endpoint_is_a_404_naming_it_and_what_is_served(running: Runn
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
 
 
+def test_a_long_prompt_names_the_body_field_that_truncates_it_on_every_api(running: Running) -> None:
+    # The hint names this interface's knob (a body field, flags), and the field works.
+    long = "the quick brown fox " * 400  # about 2,000 tokens; a slot holds 1,024
+    chat = [{"role": "user", "content": long}]
+    bodies = {
+        "/completion": {"prompt": long, "n_predict": 2},
+        "/v1/completions": {"prompt": long, "max_tokens": 2},
+        "/v1/chat/completions": {"messages": chat, "max_tokens": 2},
+        "/v1/messages": {"model": "smol", "messages": chat, "max_tokens": 2},
+        "/v1/responses": {"model": "smol", "input": long, "max_output_tokens": 2},
+    }
+    for path, body in bodies.items():
+        refused = httpx.post(running.url + path, json=body, timeout=60)
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["type"] == "exceed_context_size_error", (path, error)
+        assert '"truncate": true' in error["message"] and "truncate=True" not in error["message"]
+        assert "exceeds the available context size" in error["message"]  # llama-server's words
+        kept = httpx.post(running.url + path, json={**body, "truncate": True}, timeout=60)
+        assert kept.status_code == 200, (path, kept.text[:300])
+
+
 def test_errors_have_llama_server_bodies_and_statuses(running: Running) -> None:
     missing = httpx.get(running.url + "/no/such/path")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import strategies
-from actors import ConfigError
+from actors import ConfigError, ModelLoadError
 from actors.http import _cli, _serve
 from actors.http._cli import CliError, ServePlan, main, parse
 from actors.http._flags import LLAMA_SERVER_FLAGS, by_spelling
@@ -225,10 +225,9 @@ def test_context_zero_is_the_models_training_context(tmp_path: Path) -> None:
 
 
 def test_unknown_training_context_falls_back_with_a_note(tmp_path: Path) -> None:
-    for model in (write_gguf(tmp_path / "a.gguf", None), tmp_path / "missing.gguf"):
-        p = plan("-m", str(model))
-        assert p.server_options["n_ctx"] == 8192
-        assert any("training context" in note for note in p.notes)
+    p = plan("-m", str(write_gguf(tmp_path / "a.gguf", None)))
+    assert p.server_options["n_ctx"] == 8192
+    assert any("training context" in note for note in p.notes)
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\xff" * 40)
     assert plan("-m", str(tmp_path / "junk.gguf")).server_options["n_ctx"] == 8192
 
@@ -669,3 +668,37 @@ def test_every_option_the_command_line_sets_is_a_server_option() -> None:
         assert set(options) <= OPTION_NAMES, set(options) - OPTION_NAMES
         ServerOptions.of(**{**options, "model_path": None})  # and they check as the engine's
     assert plan("-c", "1024").server_options["n_parallel"] == ServerOptions().n_parallel
+
+
+def test_a_missing_model_names_the_flag_once(tmp_path: Path, capsys: CapSys) -> None:
+    missing = str(tmp_path / "missing.gguf")
+    message = refusal(capsys, "-m", missing)
+    assert f"the model file {missing!r} does not exist (-m names it): give -m a GGUF file" in message
+    assert "model_path=" not in message and message.count("does not exist") == 1
+    # No -m and no default model: the flag, and how to install the default.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_cli, "default_model_path", _no_default_model)
+        message = refusal(capsys, "-c", "512")
+    assert "give -m a GGUF file, or install the default model" in message
+
+
+def _no_default_model() -> str:
+    raise ModelLoadError("the default model is not installed")
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(120)
+def test_a_model_that_fails_to_load_is_said_once_and_exits_1(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + bytes(range(256)) * 64)  # the magic, then nothing llama.cpp reads
+    done = subprocess.run(
+        [sys.executable, "-m", "actors.http", "serve", "-m", str(junk), "-c", "256", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    ours = [line for line in done.stderr.splitlines() if not line.startswith(("gguf_", "llama_"))]
+    assert done.returncode == 1 and len(ours) == 1, done.stderr[-2000:]  # llama.cpp's own lines aside
+    assert ours[0].startswith("llama-cpp-actors serve: error: the model failed to load")
+    assert "not a GGUF model" in ours[0] and "not restarted" in ours[0]
