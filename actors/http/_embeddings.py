@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors import Embed, Tokenizer, aembed_result
+from actors.http._access import access_of
 from actors.http._errors import HttpError
 from actors.http._native import json_response
 from actors.http._params import echoed_model
@@ -126,8 +127,19 @@ async def _embed(request: Request) -> tuple[dict[str, Any], Any, bool]:
         raise HttpError(400, "Input content cannot be empty")
     pooling = service.settings.pooling
     # Checking up to 16 Mi characters of texts is a work thread's job, not the loop's.
-    message = await service.run(lambda: Embed(texts, pooling=pooling, normalize=normalize == 2))
-    return dict(body), await aembed_result(service.handle(), message), oai
+    access = access_of(request)
+    request_id = access.engine_id() if access is not None else None
+
+    def make() -> Embed:
+        if request_id is None:
+            return Embed(texts, pooling=pooling, normalize=normalize == 2)
+        return Embed(texts, pooling=pooling, normalize=normalize == 2, request_id=request_id)
+
+    message = await service.run(make)
+    result = await aembed_result(service.handle(), message)
+    if access is not None:
+        access.prompt_tokens = sum(result.prompt_tokens)
+    return dict(body), result, oai
 
 
 async def embeddings_oai(request: Request) -> Response:

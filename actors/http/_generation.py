@@ -26,6 +26,7 @@ from actors import (
     agenerate,
     astream_events,
 )
+from actors.http._access import Access, access_of
 from actors.http._errors import UTF8_JSON, HttpError, error_body, from_engine_error
 from actors.http._service import Service
 from actors.http._stream import unless_disconnected
@@ -100,6 +101,13 @@ def _engine(service: Service) -> Any:
     return service.engine
 
 
+def _named(options: dict[str, Any], access: Access | None) -> dict[str, Any]:
+    """``options`` with the HTTP request's id as the engine request's (see ``_access``)."""
+    if access is None or "request_id" in options:
+        return options
+    return {**options, "request_id": access.engine_id()}
+
+
 async def complete(
     service: Service,
     request: Any,
@@ -107,10 +115,13 @@ async def complete(
     prompt: Prompt | None,
     messages: Messages | None,
     options: dict[str, Any],
+    access: Access | None = None,
 ) -> list[Completion]:
     """Every choice's whole ``Completion``, in choice order: one, or ``options["n"]``;
     the request is cancelled if the client leaves first (``request`` None: the caller
-    watches for that)."""
+    watches for that, and gives the request's ``access``)."""
+    access = access or access_of(request)
+    options = _named(options, access)
     engine = _engine(service)
     if messages is not None:
         work = achat(engine, messages, **options)
@@ -121,7 +132,11 @@ async def complete(
         result = await (work if request is None else unless_disconnected(request, work))
     except EngineError as e:
         raise from_engine_error(e) from None
-    return list(result) if isinstance(result, tuple) else [result]
+    completions = list(result) if isinstance(result, tuple) else [result]
+    if access is not None:
+        for completion in completions:
+            access.count(completion)
+    return completions
 
 
 Event = Progress | Token | Done
@@ -131,23 +146,30 @@ class Opened:
     """A stream whose first event has arrived: iterate ``events`` for all of them (with
     ``n`` choices, their ``Token`` events interleaved and one ``Done`` each)."""
 
-    def __init__(self, first: Event, rest: AsyncIterator[Event]) -> None:
+    def __init__(self, first: Event, rest: AsyncIterator[Event], access: Access | None = None) -> None:
         self._first: Event | None = first
         self._rest = rest
+        self._access = access
 
     async def events(self) -> AsyncIterator[Event]:
         """Every event, the first included; a failure mid-stream raises ``HttpError``."""
         try:
             if self._first is not None:
                 first, self._first = self._first, None
+                self._count(first)
                 yield first
             # Past a Done the helper's stream ends by itself: after the n-th terminal event.
             async for event in self._rest:
+                self._count(event)
                 yield event
         except EngineError as e:
             raise from_engine_error(e) from None
         finally:
             await self.aclose()
+
+    def _count(self, event: Event) -> None:
+        if self._access is not None and isinstance(event, Done):
+            self._access.count(event.completion)
 
     async def aclose(self) -> None:
         """Cancel the request if it has not finished (idempotent)."""
@@ -165,8 +187,9 @@ async def open_stream(
     options: dict[str, Any],
 ) -> Opened:
     """Start a streamed request and wait for its first event (or its error)."""
+    access = access_of(request)
     engine = _engine(service)
-    events = astream_events(engine, prompt, messages=messages, **options)
+    events = astream_events(engine, prompt, messages=messages, **_named(options, access))
     try:
         first = await unless_disconnected(request, events.__anext__())
     except EngineError as e:
@@ -175,7 +198,7 @@ async def open_stream(
     except BaseException:
         await events.aclose()  # type: ignore[attr-defined]
         raise
-    return Opened(first, events)
+    return Opened(first, events, access)
 
 
 def error_event(error: HttpError) -> bytes:

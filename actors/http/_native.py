@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors import Completion, Done, EngineError, Progress, Token
+from actors.http._access import access_of
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._generation import (
     Opened,
@@ -270,8 +271,11 @@ async def complete_all(
     request, side by side; the first failure (or the client leaving) cancels the others."""
     if len(prompts) == 1:
         return [await complete(service, request, prompt=prompts[0], messages=None, options=options)]
+    access = access_of(request)
     tasks = [
-        asyncio.ensure_future(complete(service, None, prompt=p, messages=None, options=options))
+        asyncio.ensure_future(
+            complete(service, None, prompt=p, messages=None, options=options, access=access)
+        )
         for p in prompts
     ]
     try:

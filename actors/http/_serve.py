@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 import uvicorn
 
+from actors.http._access import JsonFormatter
 from actors.http._app import create_app
 from actors.http._guard import guarded_protocol
 from actors.http._service import Service
@@ -73,6 +75,9 @@ def serve(
     hosts: Sequence[str] = ("127.0.0.1",),
     port: int = 8080,
     log_level: str = "warning",
+    log_file: str | None = None,
+    log_format: str = "text",
+    log_disable: bool = False,
 ) -> int:
     """Serve until SIGTERM/SIGINT has drained the server; the process's exit code.
 
@@ -83,6 +88,10 @@ def serve(
         hosts: the addresses to bind, each on ``port``.
         port: the TCP port.
         log_level: uvicorn's log level.
+        log_file: write the log (the banner, one access line per request, warnings)
+            to this file instead of stderr.
+        log_format: ``"text"`` or ``"json"`` (one object a line).
+        log_disable: write no log at all.
 
     Returns:
         0 after a drain, 1 when the model failed to load.
@@ -97,8 +106,30 @@ def serve(
     except OSError as e:
         print(f"llama-cpp-actors serve: error: cannot listen on {e.filename}: {e.strerror}", file=sys.stderr)
         return 1
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(server.serve(sockets=sockets))
+    urls = [f"http://{_host(sock)}:{sock.getsockname()[1]}" for sock in sockets]
+    service.on_ready = lambda: _banner(service, urls)
+    handler = _log_handler(log_file, log_format, log_disable)
+    ours = logging.getLogger("llama_cpp_actors")
+    kept = ours.level, ours.propagate
+    ours.addHandler(handler)
+    if log_file is not None:  # uvicorn's own lines too
+        logging.getLogger("uvicorn").addHandler(handler)
+    ours.setLevel(logging.CRITICAL + 1 if log_disable else logging.INFO)
+    ours.propagate = False
+    # llama.cpp's own lines follow the verbosity (-lv, -v): warnings and errors by default.
+    engine_lines = logging.getLogger("llama_cpp_actors.llama_cpp")
+    kept_engine_level = engine_lines.level
+    engine_lines.setLevel(getattr(logging, log_level.upper(), logging.WARNING))
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(server.serve(sockets=sockets))
+    finally:
+        engine_lines.setLevel(kept_engine_level)
+        ours.removeHandler(handler)
+        logging.getLogger("uvicorn").removeHandler(handler)
+        ours.setLevel(kept[0])
+        ours.propagate = kept[1]
+        handler.close()
     if server.failed and not service.draining:
         error = service.load_error
         print(f"llama-cpp-actors serve: error: the model failed to load: {error}", file=sys.stderr)
@@ -107,6 +138,43 @@ def serve(
         print("llama-cpp-actors serve: error: the server did not start (see the log above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _log_handler(log_file: str | None, log_format: str, log_disable: bool) -> logging.Handler:
+    """Where serve's own log goes: stderr, or ``log_file``; text or JSON lines."""
+    handler: logging.Handler
+    if log_disable:
+        handler = logging.NullHandler()
+    elif log_file is not None:
+        handler = logging.FileHandler(log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    return handler
+
+
+def _host(sock: socket.socket) -> str:
+    host = sock.getsockname()[0]
+    return f"[{host}]" if ":" in host else host
+
+
+def _banner(service: Service, urls: list[str]) -> None:
+    """What the operator needs once the model is loaded: where, what, how big."""
+    info, stats, settings = service.info, service.stats, service.settings
+    if settings.models:
+        what = f"router of {len(settings.models)} models ({', '.join(name for name, _ in settings.models)})"
+    else:
+        model = os.path.basename(str(info.get("model_path", "?")))
+        what = (
+            f"model {model}: {info.get('n_parallel')} slots of {stats.get('n_ctx_per_slot')} tokens "
+            f"(n_ctx {info.get('n_ctx')}, n_batch {info.get('n_batch')}), {info.get('n_threads')} "
+            f"thread{'' if info.get('n_threads') == 1 else 's'}"
+        )
+    keys = f", {len(settings.api_keys)} API key(s)" if settings.api_keys else ", no API key"
+    _log.info("listening on %s: %s%s", " and ".join(urls), what, keys)
 
 
 def uvicorn_config(

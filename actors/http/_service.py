@@ -86,6 +86,7 @@ class Service:
         self.load_error: BaseException | None = None
         self.ready = False
         self.on_load_failed: Callable[[], None] | None = None
+        self.on_ready: Callable[[], None] | None = None  # serve's banner
         self.draining = False
         self.in_flight = 0
         self.tasks: set[asyncio.Task[Any]] = set()  # every request being handled
@@ -133,6 +134,8 @@ class Service:
         self.ready = self.load_error is None
         if self.ready:
             lower_priority(self.settings.loop_nice)
+            if self.on_ready is not None:
+                self.on_ready()
         if self.load_error is not None and self.on_load_failed is not None:
             self.on_load_failed()
 
