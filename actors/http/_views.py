@@ -35,6 +35,7 @@ from actors import (
     GetTokenizer,
     ModelFailedLately,
     ModelLoadError,
+    ModelManager,
 )
 from actors.http._errors import HttpError, from_engine_error
 from actors.http._settings import HttpSettings
@@ -74,7 +75,7 @@ _CALL_TIMEOUT_S = 30.0
 _STATS_TIMEOUT_S = 2.0
 # A model that cannot load until another goes idle: its requests wait this long at most,
 # asking again every _QUEUE_POLL_S (llama-server's router queues them too).
-_QUEUE_TIMEOUT_S = 300.0
+_QUEUE_TIMEOUT_S = ModelManager.DEFAULT_WAIT_S  # as a ModelManager's own requests wait
 _QUEUE_POLL_S = 0.1
 _LOAD_HOLD_S = 1.0  # a model just loaded stays busy this long for its waiting requests to hold it
 _HELD = "llama_cpp_actors.model"  # in a request's scope state: the model it holds

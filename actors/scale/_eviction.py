@@ -59,17 +59,32 @@ def victims(
         loaded -= 1
     busy = [m.name for m in models if m.pool is not None and m not in chosen]
     if max_models and loaded >= max_models:
-        raise ModelLoadError(
-            f"model {model.name!r} cannot load: {loaded} models are loaded (max_models="
-            f"{max_models}) and none is idle ({', '.join(busy)})"
+        raise _held(
+            ModelLoadError(
+                f"model {model.name!r} cannot load: {loaded} models are loaded (max_models="
+                f"{max_models}) and none is idle ({', '.join(busy)})"
+            ),
+            models,
+            model,
         )
     if held + needed > budget_mb:
-        raise MemoryBudgetExceeded(
-            f"model {model.name!r} needs about {needed:.0f} MiB, but {held:.0f} MiB of the "
-            f"{budget_mb:.0f} MiB budget is held by models in use, loading or pinned "
-            f"({', '.join(busy)})",
-            needed_mb=needed,
-            budget_mb=budget_mb,
-            held_mb=held,
+        raise _held(
+            MemoryBudgetExceeded(
+                f"model {model.name!r} needs about {needed:.0f} MiB, but {held:.0f} MiB of the "
+                f"{budget_mb:.0f} MiB budget is held by models in use, loading or pinned "
+                f"({', '.join(busy)})",
+                needed_mb=needed,
+                budget_mb=budget_mb,
+                held_mb=held,
+            ),
+            models,
+            model,
         )
     return chosen
+
+
+def _held(error: ModelLoadError, models: list[Model], model: Model) -> ModelLoadError:
+    """``error``, marked ``room_held`` when a loaded model that is not pinned holds the
+    room: it may go idle, so the request may wait for it (``wait_s``)."""
+    error.room_held = any(m.pool is not None and not m.pinned and m is not model for m in models)  # type: ignore[attr-defined]
+    return error

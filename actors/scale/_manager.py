@@ -23,6 +23,7 @@ unloaded only when it has neither leases nor requests in flight.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -39,6 +40,7 @@ from actors.contract import (
     GetStats,
     GetTokenizer,
     InvalidRequest,
+    ModelLoadError,
 )
 from actors.scale._checks import (
     checked_keep_alive,
@@ -70,6 +72,7 @@ from actors.scale._registry import ManagerActor
 __all__ = ["ModelManager"]
 
 _DEFAULT_KEEP_ALIVE_S = 300.0
+_WAIT_POLL_S = 0.05  # how often a request waiting for room asks again
 _STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
 _CONTROL = (Cancel, CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
 
@@ -82,10 +85,20 @@ class ModelManager:
     ..., model="chat")``). Every method runs in the caller's thread.
     """
 
+    DEFAULT_WAIT_S = 300.0
+    """How long a request waits, by default, for a busy model to make room for its own
+    (the HTTP router waits as long)."""
+
     def __init__(
-        self, budget_mb: float, default: str | None, max_models: int = 0, autoload: bool = True
+        self,
+        budget_mb: float,
+        default: str | None,
+        max_models: int = 0,
+        autoload: bool = True,
+        wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
         self._stopped = False
+        self.wait_s = wait_s
         self._actor: pykka.ActorRef[Any] = ManagerActor.start(budget_mb, default, self, max_models, autoload)
 
     @classmethod
@@ -97,6 +110,7 @@ class ModelManager:
         default: str | None = None,
         max_models: int = 0,
         autoload: bool = True,
+        wait_s: float = DEFAULT_WAIT_S,
     ) -> ModelManager:
         """Start a manager and register ``models`` (``{name: register's keywords}``).
 
@@ -112,6 +126,11 @@ class ModelManager:
                 ``--models-max``); 0: as many as the budget holds.
             autoload: load a model for its first request; False: a request for a model
                 that is not loaded fails with ``ModelLoadError`` (load it with :meth:`load`).
+            wait_s: how long a request for a model that cannot load now waits for a busy
+                model to make room (it goes idle, then unloads); 0 refuses at once with
+                ``MemoryBudgetExceeded`` (or ``ModelLoadError`` for ``max_models``). A
+                request's own ``timeout`` bounds the wait too. Never waits for pinned
+                models, nor for one that failed lately.
 
         Raises:
             ConfigError: a bad option or model; MemoryBudgetExceeded: an eager model
@@ -135,9 +154,11 @@ class ModelManager:
             raise ConfigError(f"max_models must be an int from 0 (no limit) to 1024, got {max_models!r}")
         if not isinstance(autoload, bool):
             raise ConfigError(f"autoload must be a bool, got {autoload!r}")
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 86400:
+            raise ConfigError(f"wait_s must be a number of seconds from 0 to 86400, got {wait_s!r}")
         if models is not None and not isinstance(models, Mapping):
             raise ConfigError("models must be a dict of {name: options}")
-        manager = cls(budget, default, max_models, autoload)
+        manager = cls(budget, default, max_models, autoload, float(wait_s))
         try:
             for name, options in (models or {}).items():
                 if not isinstance(options, Mapping):
@@ -216,10 +237,11 @@ class ModelManager:
         """Load a model now (if it is not): its engine starts and loads in its own thread.
 
         Raises:
-            InvalidRequest: unknown model. MemoryBudgetExceeded: it cannot fit now.
+            InvalidRequest: unknown model. MemoryBudgetExceeded: it cannot fit now (a
+                load never waits for room; requests do, for ``wait_s``).
         """
         self._check_running()
-        leased, _ = self._lease(known_name(name), load=True)
+        leased, _ = self._lease(known_name(name), load=True, timeout=0.0)
         tell_quietly(self._actor, Release(leased))
 
     def models(self) -> tuple[str, ...]:
@@ -275,14 +297,28 @@ class ModelManager:
             raise EngineStopped("the model manager was stopped")
 
     def _lease(
-        self, name: str | None, load: bool = False, request_id: str | None = None
+        self,
+        name: str | None,
+        load: bool = False,
+        request_id: str | None = None,
+        timeout: float | None = None,
     ) -> tuple[Model, ServerPool]:
-        self._check_running()
-        try:
-            leased: tuple[Model, ServerPool] = self._call(Acquire(name, load, request_id))
-        except pykka.ActorDeadError:
-            raise EngineStopped("the model manager was stopped") from None
-        return leased
+        """The model's engine, with a lease (caller's thread). A model that cannot load
+        while busy models hold the room is asked for again until ``wait_s`` (or
+        ``timeout``) has passed."""
+        wait = self.wait_s if timeout is None else min(self.wait_s, timeout)
+        deadline = time.monotonic() + wait
+        while True:
+            self._check_running()
+            try:
+                leased: tuple[Model, ServerPool] = self._call(Acquire(name, load, request_id))
+                return leased
+            except pykka.ActorDeadError:
+                raise EngineStopped("the model manager was stopped") from None
+            except ModelLoadError as e:
+                if not getattr(e, "room_held", False) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(_WAIT_POLL_S)
 
     def _ask(self, message: Any, name: str | None, block: bool, timeout: float | None) -> Any:
         timeout = checked_timeout(timeout)
@@ -294,7 +330,7 @@ class ModelManager:
             future.set(answer)
             return future
         request_id = routed_id(message)
-        model, pool = self._lease(name, request_id=request_id)
+        model, pool = self._lease(name, request_id=request_id, timeout=timeout)
         try:
             return pool.ask(message, block=block, timeout=timeout)
         except EngineStopped as e:

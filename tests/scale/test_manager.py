@@ -155,7 +155,7 @@ def test_a_load_past_the_budget_unloads_the_least_recently_used_idle_model(
 def test_a_model_in_use_or_pinned_is_never_unloaded_for_room(
     managers: Callable[..., ModelManager], unloads: list[tuple[str, str]]
 ) -> None:
-    manager = managers({"busy": SMALL, "other": SMALL}, memory_budget_mb=1.5 * one_mb())
+    manager = managers({"busy": SMALL, "other": SMALL}, memory_budget_mb=1.5 * one_mb(), wait_s=0)
     events: queue.Queue[Any] = queue.Queue()
     message = Stream("Tell me a long story", reply_to=events, max_tokens=400, ignore_eos=True, model="busy")
     manager.tell(message)
@@ -172,10 +172,41 @@ def test_a_model_in_use_or_pinned_is_never_unloaded_for_room(
     generate(manager, "Hi", max_tokens=1, model="other", timeout=60)  # now busy is idle: evicted
     assert unloads == [("busy", "evicted")]
 
+    # A pinned model never makes room: refused at once, even by a manager that waits.
     pinned = managers({"pinned": {**SMALL, "pinned": True}, "other": SMALL}, memory_budget_mb=1.5 * one_mb())
     generate(pinned, "Hi", max_tokens=1, model="pinned", timeout=60)
+    t0 = time.monotonic()
     with pytest.raises(MemoryBudgetExceeded, match="pinned"):
         generate(pinned, "Hi", max_tokens=1, model="other", timeout=60)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_request_waits_for_a_busy_model_to_make_room(
+    managers: Callable[..., ModelManager], unloads: list[tuple[str, str]]
+) -> None:
+    # As the HTTP router does (ModelManager.DEFAULT_WAIT_S): the request waits for the
+    # busy model to go idle, which then unloads for it; its own timeout bounds the wait.
+    assert ModelManager.DEFAULT_WAIT_S == 300.0
+    manager = managers({"busy": SMALL, "other": SMALL}, memory_budget_mb=1.5 * one_mb())
+    events: queue.Queue[Any] = queue.Queue()
+    message = Stream("Tell me a story", reply_to=events, max_tokens=60, ignore_eos=True, model="busy")
+    manager.tell(message)
+    assert not isinstance(events.get(timeout=60), Failed)  # a first token: it runs
+    t0 = time.monotonic()
+    with pytest.raises(MemoryBudgetExceeded):
+        generate(manager, "Hi", max_tokens=1, model="other", timeout=0.5)  # its timeout, not 300 s
+    assert 0.4 <= time.monotonic() - t0 < 5
+    served = generate(manager, "Hi", max_tokens=1, model="other", timeout=60)
+    assert served.generated_tokens == 1
+    ends = []
+    while not ends:
+        event = events.get(timeout=60)
+        if isinstance(event, Done | Failed):
+            ends.append(event)
+    assert isinstance(ends[0], Done) and ends[0].completion.generated_tokens == 60  # it finished first
+    assert unloads == [("busy", "evicted")]
+    with pytest.raises(ConfigError, match="wait_s"):
+        ModelManager.start(memory_budget_mb=100, wait_s=-1)
 
 
 def test_a_model_idle_past_its_keep_alive_unloads_and_loads_again(
