@@ -208,8 +208,8 @@ _OPTIONS = (
             "n_ctx)", _integer(1, 2**31 - 256)),
     _Option("--ubatch-size", "ubatch_size", "physical maximum batch size, n_ubatch (default: 512)",
             _integer(1, 2**31 - 256)),
-    _Option("--threads", "threads", "CPU threads for generation, n_threads (default: -1 = the cores "
-            "this process may use)", _integer(-(2**31), 512)),
+    _Option("--threads", "threads", "CPU threads for generation, n_threads (default: -1 = every core "
+            "this process may use but one, as ServerActor's; llama-server: all)", _integer(-(2**31), 512)),
     _Option("--threads-batch", "threads_batch", "threads for batch and prompt processing, "
             "n_threads_batch (default: same as --threads)", _integer(-(2**31), 512)),
     _Option("--n-predict", "n_predict", "tokens to predict: the default and cap per request (default: "
@@ -325,12 +325,12 @@ _OPTIONS = (
     _Option("--models-autoload", "models_autoload", "router mode: load a model for its first request "
             "(default: enabled; a request's ?autoload=true|false decides for itself)"),
     _Option("--verbose", "verbose", "log everything, every request included (log level debug)"),
+    _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
+            "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
     _Option("--log-disable", "log_disable", "write no log at all: no banner, no access lines, no warnings"),
     _Option("--log-file", "log_file", "write the log (the start-up banner, one access line per request, "
             "warnings) to this file instead of stderr", str, "FNAME"),
     _Option("--log-jsonl", "log_jsonl", "write the log as JSON, one object a line (as --log-format json)"),
-    _Option("--verbosity", "verbosity", "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4-5 "
-            "debug (llama-server's default: 3; ours: warning)", _integer(0, 2**31 - 1)),
 )  # fmt: skip
 _ACCEPTED = frozenset({"cont_batching", "ui", "jinja", "backend_sampling", "embedding"})  # without effect
 _REFUSED_NEGATIONS = MappingProxyType(

@@ -702,3 +702,22 @@ def test_a_model_that_fails_to_load_is_said_once_and_exits_1(tmp_path: Path) -> 
     said = [line for line in done.stderr.splitlines() if "not a GGUF model" in line]
     assert done.returncode == 1 and len(said) == 1, done.stderr[-2000:]  # llama.cpp's own lines aside
     assert said[0].startswith("llama-cpp-actors serve: error: the model failed to load")
+
+
+def test_the_defaults_that_differ_from_the_librarys_are_the_documented_ones() -> None:
+    # One table lists where serve starts from other defaults than ServerActor.start(),
+    # each with its reason: it must name exactly the options that differ.
+    import dataclasses
+
+    from actors import Generate, ServerOptions
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "reference" / "options.md").read_text()
+    table = text.split("## Where `serve` starts from other defaults")[1].split("\n## ")[0]
+    documented = {row.split("`")[1] for row in table.splitlines() if row.startswith("| `")}
+    library = {f.name: f.default for f in dataclasses.fields(ServerOptions) if f.init}
+    served = dict(plan(env={}).server_options)
+    differ = {name for name, value in served.items() if name != "model_path" and library[name] != value}
+    differ.add("n_ctx")  # the model's training context: 8192 for the default model, others differ
+    assert plan(env={}).settings.n_predict == -1 and Generate("x").max_tokens == 256
+    assert documented == differ | {"max_tokens"}
