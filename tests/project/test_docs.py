@@ -70,6 +70,36 @@ def test_the_request_features_snippet_runs(server: pykka.ActorRef[Any], referenc
     assert scope["ids"]
 
 
+@pytest.mark.model
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("name", "marker"),
+    [
+        ("guides/models.md", "ModelManager.start("),
+        ("guides/speculative.md", "draft_model_path=default"),
+        ("guides/speculative.md", 'spec_type="ngram"'),
+    ],
+)
+def test_an_example_that_names_model_files_runs_as_copied(
+    name: str, marker: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A newcomer has the default model only: the examples use it (under several names).
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page(name), re.DOTALL) if marker in b]
+    try:
+        exec(compile(block, f"docs/{name}", "exec"), {})
+    finally:
+        pykka.ActorRegistry.stop_all()
+    assert capsys.readouterr().out.strip()
+
+
+def test_no_example_names_a_model_file_a_newcomer_lacks() -> None:
+    # Code blocks that run (python, sh) name the default model, or no file at all.
+    for path in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        for block in re.findall(r"```(?:python|sh)\n(.*?)```", path.read_text(), re.DOTALL):
+            for name in re.findall(r"[\w.-]+\.gguf\b", block):
+                assert name == "SmolLM2-135M-Instruct.Q4_1.gguf", f"{path.name} names {name}"
+
+
 @pytest.mark.timeout(120)
 def test_the_stats_and_info_keys_are_what_the_engine_returns(server: pykka.ActorRef[Any]) -> None:
     table = page("reference/requests.md").split("| message | reply |\n")[1].split("\n\n")[0]
