@@ -411,6 +411,7 @@ def assert_served(outcomes: list[str], allowed: tuple[str, ...] = ("ok", "ModelL
     assert not refused, "\n".join(refused)
 
 
+@pytest.mark.subprocess
 def test_the_smallest_sizes_allowed_load_and_serve(model_path: str) -> None:
     cases = [
         {**SMALL, "n_ctx": 2},  # the smallest context
@@ -429,6 +430,7 @@ def test_the_smallest_sizes_allowed_load_and_serve(model_path: str) -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_the_cases_that_aborted_the_host_are_refused_and_the_process_lives(model_path: str) -> None:
     cases = [
         {**SMALL, "n_batch": 2, "n_parallel": 4},
@@ -444,6 +446,7 @@ def test_the_cases_that_aborted_the_host_are_refused_and_the_process_lives(model
     assert outcomes[-1].startswith("ok"), outcomes[-1]
 
 
+@pytest.mark.subprocess
 def test_the_most_threads_allowed_load_and_serve(model_path: str) -> None:
     assert_served(
         run_child(
@@ -453,6 +456,7 @@ def test_the_most_threads_allowed_load_and_serve(model_path: str) -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_every_kv_cache_type_allowed_loads_and_serves_with_and_without_flash_attention(
     model_path: str,
 ) -> None:

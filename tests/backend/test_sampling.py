@@ -379,6 +379,7 @@ def test_frequency_and_presence_penalties_subtract_per_occurrence_and_once(
     assert by_presence.token_ids[0] in present_picks
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(sys.platform != "linux", reason="bounds the address space with RLIMIT_AS")
 def test_a_huge_penalty_last_n_does_not_abort_the_process(model_path: str) -> None:
     # In a subprocess with 4 GB of address space, so the buffer fails at once instead of

@@ -62,6 +62,7 @@ def test_unknown_option_is_a_type_error_naming_it(model_path: str) -> None:
         ServerActor.start(model_path=model_path, n_gpu=1)
 
 
+@pytest.mark.model  # the draft model's check comes after the default model's
 def test_missing_or_bogus_model_raises_from_start(tmp_path: Path) -> None:
     with pytest.raises(
         ModelLoadError, match=r"does not exist \(model_path= names it\): give model_path= a GGUF"

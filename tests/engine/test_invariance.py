@@ -64,6 +64,7 @@ def test_the_exact_kernel_is_as_precise_as_llama_cpps_other_attention(model_path
     assert errors["flash"] <= 1.5 * errors["no flash"], errors
 
 
+@pytest.mark.subprocess
 def test_the_stock_kernel_reproduces_the_bug(model_path: str) -> None:
     # The test above can fail: the same probe on llama.cpp's stock kernels moves.
     code = (
@@ -193,6 +194,7 @@ def test_a_seeded_request_gives_the_same_tokens_alone_or_beside_others(
             assert b.token_ids[:4] == a.token_ids[:4]
 
 
+@pytest.mark.subprocess
 def test_the_engine_warns_when_the_guarantee_does_not_hold(
     start_server: StartServer, model_path: str, caplog: pytest.LogCaptureFixture
 ) -> None:

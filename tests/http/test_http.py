@@ -1075,6 +1075,8 @@ def test_sigterm_drains_then_exits_0_and_a_late_stream_ends_cleanly() -> None:
         child.kill()
 
 
+@pytest.mark.model
+@pytest.mark.subprocess
 def test_an_address_in_use_is_one_clean_line() -> None:
     child, _ = serve_child("--host", "127.0.0.1,127.0.0.1")
     try:

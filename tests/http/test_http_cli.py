@@ -595,6 +595,7 @@ def test_start_engine_raises_config_error() -> None:
         plan("-c", "64", "-np", "8", "-b", "4").start_engine()
 
 
+@pytest.mark.subprocess
 def test_python_dash_m() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "actors.http", "serve", "--lora", "x"],

@@ -58,6 +58,7 @@ def test_each_public_name_comes_from_exactly_one_layer() -> None:
         assert getattr(actors, name) is getattr(importlib.import_module(f"actors.{layer}"), name)
 
 
+@pytest.mark.subprocess
 def test_the_contracts_hold() -> None:
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -94,6 +95,7 @@ VIOLATIONS = [
 ]
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("path", "line", "contract"), VIOLATIONS, ids=[v[1] for v in VIOLATIONS])
 def test_a_planted_import_breaks_its_contract(tmp_path: Path, path: str, line: str, contract: str) -> None:

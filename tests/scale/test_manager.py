@@ -444,6 +444,7 @@ ref.stop()
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "options",
