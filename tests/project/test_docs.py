@@ -20,6 +20,7 @@ import strategies
 import telemetry
 import telemetry.logging as telemetry_logging
 import telemetry.prometheus as telemetry_prometheus
+from actors import ServerActor
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -89,6 +90,64 @@ def test_an_example_that_names_model_files_runs_as_copied(
         exec(compile(block, f"docs/{name}", "exec"), {})
     finally:
         pykka.ActorRegistry.stop_all()
+    assert capsys.readouterr().out.strip()
+
+
+# Every python block of the README and the docs runs as it stands: here, or in the test
+# named (with the reason it runs there).
+RUN_ELSEWHERE = {
+    ("README.md", 0): "tests/project/test_readme.py (the first example)",
+    ("README.md", 1): "tests/http/test_http.py (it needs a server on 8080)",
+    ("docs/guides/helpers.md", 1): "test_the_request_features_snippet_runs (its answers are compared)",
+    ("docs/guides/tools.md", 0): "tests/chat/test_tools.py (the tools guide's snippet)",
+    ("docs/guides/models.md", 0): "test_an_example_that_names_model_files_runs_as_copied",
+    ("docs/guides/speculative.md", 0): "test_an_example_that_names_model_files_runs_as_copied",
+    ("docs/guides/speculative.md", 1): "test_an_example_that_names_model_files_runs_as_copied",
+    (
+        "docs/guides/scaling-out.md",
+        0,
+    ): "needs a Ray cluster (ray.init()): the ray extra, tests/scale/test_pool_ray.py",
+}
+SERVED_AT = "http://127.0.0.1:8080"  # blocks that talk to a server there run against one
+
+
+def _python_blocks() -> dict[tuple[str, int], str]:
+    blocks = {}
+    for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        name = str(path.relative_to(ROOT))
+        for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.DOTALL)):
+            blocks[(name, i)] = block
+    return blocks
+
+
+def test_every_python_example_is_run_by_the_suite() -> None:
+    blocks = _python_blocks()
+    assert set(RUN_ELSEWHERE) <= set(blocks)
+    here = [key for key in blocks if key not in RUN_ELSEWHERE]
+    assert len(here) >= 10, here
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_the_python_examples_run_as_they_stand(model_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from http_server import Running
+
+    from actors.http import HttpSettings
+
+    blocks = {key: b for key, b in _python_blocks().items() if key not in RUN_ELSEWHERE}
+    with Running.ready(
+        HttpSettings(), lambda: ServerActor.start(model_path=model_path, n_parallel=2, n_ctx=1024)
+    ) as server:
+        for (name, i), block in blocks.items():
+            code = block.replace(SERVED_AT, server.url)
+            try:
+                exec(compile(code, f"{name} (block {i})", "exec"), {})
+            except Exception as e:
+                raise AssertionError(f"{name}, python block {i}, as it stands: {e!r}") from e
+            finally:  # what a block left running (an example that forgot stop()) stops here
+                for ref in pykka.ActorRegistry.get_all():
+                    if ref.actor_urn != server.engine.actor_urn:
+                        ref.stop()
     assert capsys.readouterr().out.strip()
 
 
