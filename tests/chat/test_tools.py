@@ -294,7 +294,7 @@ def test_required_calls_that_the_model_would_not_finish_are_finished(model_path:
                 "parameters": schema,
             },
         }
-        for max_tokens in (64, 512):
+        for max_tokens in (64, 200):  # llama.cpp's test asks 512: the same close, later
             got = chat(
                 ref,
                 ask,
@@ -317,9 +317,9 @@ def test_required_calls_that_the_model_would_not_finish_are_finished(model_path:
             tool_choice="required",
             parallel_tool_calls=False,
             temp=0,
-            max_tokens=512,
+            max_tokens=200,
         )
-        assert got.reasoning and got.tool_calls and got.generated_tokens <= 512, got
+        assert got.reasoning and got.tool_calls and got.generated_tokens <= 200, got
         jsonschema.validate(json.loads(got.tool_calls[0].arguments), schema)
 
 
