@@ -15,12 +15,14 @@ from typing import Any
 
 import pykka
 from helpers import NO_EOG, wait_until
-from hostile_runner import (
+from hostile_child import (
     Child,
     Sink,
     _bias,
     _fails_with_strategy_error,
     _full_queue,
+)
+from hostile_runner import (
     case,
     check,
 )

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from helpers import NO_EOG, wait_until
-from hostile_runner import (
+from hostile_child import (
     Child,
     Sink,
     _full_queue,
+)
+from hostile_runner import (
     case,
     check,
 )

@@ -10,9 +10,11 @@ import queue
 from collections.abc import Sequence
 from typing import Any
 
-from hostile_runner import (
+from hostile_child import (
     Child,
     _eog,
+)
+from hostile_runner import (
     case,
     check,
 )

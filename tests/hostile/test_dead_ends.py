@@ -17,14 +17,16 @@ from typing import Any
 
 import pytest
 from helpers import NO_EOG
-from hostile_runner import (
+from hostile_child import (
     OBJECT_A,
     X7,
     YES_NO,
     Child,
-    Event,
     _bias,
     _eog,
+)
+from hostile_runner import (
+    Event,
     case,
     check,
 )

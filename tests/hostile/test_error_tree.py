@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hostile_child import (
+    Child,
+)
 from hostile_runner import (
     LONE,
-    Child,
     case,
     check,
 )
@@ -170,7 +172,9 @@ def _stops_messages_and_tokens_of_wrong_shapes(c: Child) -> None:
     stops: list[object] = [
         {"a"},
         (s for s in ["a"]),
-        "abc",
+        b"abc",
+        "",
+        "a" * 257,
         [b"x"],
         [None],
         [1],
@@ -181,6 +185,7 @@ def _stops_messages_and_tokens_of_wrong_shapes(c: Child) -> None:
     for stop in stops:
         with pytest.raises(InvalidRequest):
             Generate("x", stop=stop)  # type: ignore[arg-type]
+    assert Generate("x", stop="abc").stop == ("abc",)  # one string is one stop
     chats: list[object] = [
         {"role": "user", "content": "x"},
         [None],

@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hostile_runner import (
-    LONE,
+from hostile_child import (
     OBJECT_A,
     X7,
     YES_NO,
     Child,
+)
+from hostile_runner import (
+    LONE,
     case,
     check,
 )

@@ -11,10 +11,12 @@ import os
 import threading
 
 import pytest
+from hostile_child import (
+    Child,
+)
 from hostile_runner import (
     CASES,
     HOSTILE,
-    Child,
     case,
     results,
 )

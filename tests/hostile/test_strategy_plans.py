@@ -10,11 +10,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from helpers import NO_EOG
-from hostile_runner import (
+from hostile_child import (
     PROMPT_20,
     Child,
     _fails_with_strategy_error,
     _strategy_server,
+)
+from hostile_runner import (
     case,
     check,
 )

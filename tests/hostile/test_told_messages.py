@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import NO_EOG, wait_until
+from hostile_child import (
+    Child,
+)
 from hostile_runner import (
     LONE,
-    Child,
     case,
     check,
 )
