@@ -58,14 +58,19 @@ def victims(
         held -= victim.estimate.total_mb
         loaded -= 1
     busy = [m.name for m in models if m.pool is not None and m not in chosen]
+    # Worth waiting for: busy models that are not pinned, if their going idle (and then
+    # unloading) would make the room; a model that could never fit is refused at once.
+    waiting = [
+        m for m in models if m.pool is not None and m is not model and not m.pinned and m not in chosen
+    ]
+    room_later = bool(waiting) and held - sum(m.estimate.total_mb for m in waiting) + needed <= budget_mb
     if max_models and loaded >= max_models:
         raise _held(
             ModelLoadError(
                 f"model {model.name!r} cannot load: {loaded} models are loaded (max_models="
                 f"{max_models}) and none is idle ({', '.join(busy)})"
             ),
-            models,
-            model,
+            room_later,
         )
     if held + needed > budget_mb:
         raise _held(
@@ -77,14 +82,13 @@ def victims(
                 budget_mb=budget_mb,
                 held_mb=held,
             ),
-            models,
-            model,
+            room_later,
         )
     return chosen
 
 
-def _held(error: ModelLoadError, models: list[Model], model: Model) -> ModelLoadError:
-    """``error``, marked ``room_held`` when a loaded model that is not pinned holds the
-    room: it may go idle, so the request may wait for it (``wait_s``)."""
-    error.room_held = any(m.pool is not None and not m.pinned and m is not model for m in models)  # type: ignore[attr-defined]
+def _held(error: ModelLoadError, room_later: bool) -> ModelLoadError:
+    """``error``, marked ``room_held`` when busy models that may go idle hold the room the
+    model needs: the request may wait for them (``wait_s``)."""
+    error.room_held = room_later  # type: ignore[attr-defined]
     return error

@@ -610,8 +610,11 @@ def test_a_request_that_cannot_fit_unloads_nothing(
     )
     for name in ("p", "a"):
         generate(manager, "Hi", max_tokens=1, model=name, timeout=60)
+    t0 = time.monotonic()
     with pytest.raises(MemoryBudgetExceeded, match="'big' needs about"):
         generate(manager, "Hi", max_tokens=1, model="big", timeout=60)
+    # It could never fit beside the pinned model: refused at once, not after wait_s.
+    assert time.monotonic() - t0 < 5
     assert unloads == [] and states(manager) == {"p": "ready", "a": "ready", "big": "unloaded"}
 
 
