@@ -54,7 +54,8 @@ class Access:
     @classmethod
     def start(cls, scope: MutableMapping[str, Any]) -> Access:
         client = scope.get("client") or ("-", 0)
-        return cls(uuid.uuid4().hex, scope["method"], scope["path"][:200], str(client[0]), time.monotonic())
+        path = _printable(str(scope["path"])[:200])  # a client's path never forges a log line
+        return cls(uuid.uuid4().hex, str(scope["method"]), path, str(client[0]), time.monotonic())
 
     def engine_id(self) -> str:
         """The ``request_id`` of the next engine request this HTTP request makes."""
@@ -118,6 +119,11 @@ def log_access(access: Access) -> None:
     if "error" in fields:
         text += f" error={fields['error']!r}"
     _log.log(level, text, extra={"access": fields})
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``...)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _error_message(body: bytes) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import wait_until
 from http_server import Running
 
 import telemetry
@@ -70,8 +71,9 @@ def test_each_request_has_one_access_line_and_its_id_everywhere(
     assert len(set(ids)) == 5 and all(len(i) == 32 for i in ids)
     # The engine's requests carry the HTTP request's id: the signals name it.
     assert ids[0] in ends and ids[2] in ends and ends.count(ids[1]) == 2  # n=2: one end each choice
+    # A line is written once the response is done, which the client may see first.
+    wait_until(lambda: set(ids) <= {r.access["request_id"] for r in _lines(caplog)}, 5)  # type: ignore[attr-defined]
     lines = {r.access["request_id"]: r for r in _lines(caplog)}  # type: ignore[attr-defined]
-    assert set(ids) <= set(lines)
     first = lines[ids[0]].access  # type: ignore[attr-defined]
     assert first["status"] == 200 and first["method"] == "POST" and first["path"] == "/v1/chat/completions"
     assert first["prompt_tokens"] == ok.json()["usage"]["prompt_tokens"]
@@ -87,6 +89,12 @@ def test_each_request_has_one_access_line_and_its_id_everywhere(
         record = lines[rid]
         assert record.levelno == logging.WARNING and record.access["status"] == status  # type: ignore[attr-defined]
         assert error in record.access["error"]  # type: ignore[attr-defined]
+    # A path is the client's: it never writes a line of its own into the log.
+    forged = httpx.get(running.url + "/x%0A12:00:00 INFO POST /v1/chat/completions 200")
+    rid = forged.headers["x-request-id"]
+    wait_until(lambda: any(r.access["request_id"] == rid for r in _lines(caplog)), 5)  # type: ignore[attr-defined]
+    (line,) = [r for r in _lines(caplog) if r.access["request_id"] == rid]  # type: ignore[attr-defined]
+    assert "\n" not in line.getMessage() and "/x\\n12:00:00" in line.getMessage()
 
 
 def _free_port() -> int:
