@@ -343,17 +343,17 @@ def test_thinking_opened_by_the_template_goes_to_reasoning(model_path: str) -> N
         assert streamed == split.reasoning
         # The grammar lets the thinking finish first; this model never ends it alone.
         required = chat(
-            ref, ask, tools=[SUCCESS], tool_choice="required", temp=0, max_tokens=300, reasoning_budget=16
+            ref, ask, tools=[SUCCESS], tool_choice="required", temp=0, max_tokens=150, reasoning_budget=16
         )
         assert required.tool_calls, required
         _valid(required.tool_calls[0])
         # Without a budget, the thinking still ends in time for the required call.
-        for max_tokens in (120, 300):
+        for max_tokens in (120, 200):
             unbudgeted = chat(
                 ref, ask, tools=[SUCCESS], tool_choice="required", temp=0, max_tokens=max_tokens
             )
             assert unbudgeted.stop_reason == "tool_calls", unbudgeted
-            assert unbudgeted.reasoning or max_tokens < 300  # 120 leaves no room to think
+            assert unbudgeted.reasoning or max_tokens < 200  # 120 leaves no room to think
             assert unbudgeted.generated_tokens <= max_tokens
             _valid(unbudgeted.tool_calls[0])
 

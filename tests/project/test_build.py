@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(60)]
 def _run(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(PROGRESS), str(tmp_path / "build.log"), "bash", "-c", script],
-        env={"PATH": "/usr/bin:/bin", "PROGRESS_EVERY_S": "1"},
+        env={"PATH": "/usr/bin:/bin", "PROGRESS_EVERY_S": "0.3"},
         capture_output=True,
         text=True,
         timeout=30,
@@ -26,13 +26,11 @@ def _run(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_long_build_says_it_goes_on_with_its_last_step(tmp_path: Path) -> None:
-    done = _run(tmp_path, 'echo "[ 12%] Building C object"; sleep 2.5; echo "[ 97%] Linking"')
+    done = _run(tmp_path, 'echo "[ 12%] Building C object"; sleep 0.8; echo "[ 97%] Linking"')
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stderr
-    assert [line for line in lines if line.startswith("  still building:")][:2] == [
-        "  still building: 0m1s [ 12%]",
-        "  still building: 0m2s [ 12%]",
-    ]
+    progress = [line for line in lines if line.startswith("  still building:")]
+    assert len(progress) >= 2 and all(line.endswith(" [ 12%]") for line in progress), lines
     assert lines[-1].startswith("done in 0m")
     assert "Linking" in (tmp_path / "build.log").read_text()  # the output is kept, not shown
 
