@@ -9,7 +9,7 @@ It imports the engine core, the backend and the request contract (and ``strategi
 from __future__ import annotations
 
 from actors.actor._estimate import MemoryEstimate, estimate_memory, estimate_options
-from actors.actor._options import OPTION_NAMES, ServerOptions, StartOptions, check_options, unknown_option
+from actors.actor._options import OPTION_NAMES, ServerOptions, StartOptions, check_options
 from actors.actor._server import ServerActor
 from actors.actor._supervisor import Supervisor
 
@@ -23,5 +23,4 @@ __all__ = [
     "check_options",
     "estimate_memory",
     "estimate_options",
-    "unknown_option",
 ]

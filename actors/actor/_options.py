@@ -61,10 +61,10 @@ from actors.actor._option_values import (
 )
 from actors.actor._start_options import StartOptions
 from actors.backend import default_n_threads
-from actors.contract import ConfigError, did_you_mean
+from actors.contract import ConfigError, suggesting
 from strategies import BatchStrategy, DecodeMaximal
 
-__all__ = ["OPTION_NAMES", "ServerOptions", "StartOptions", "check_options", "unknown_option"]
+__all__ = ["OPTION_NAMES", "ServerOptions", "StartOptions", "check_options"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +138,6 @@ class ServerOptions:
                 likely meant ("did you mean ``temp``?").
             ConfigError: as the constructor.
         """
-        _known(options)
         return cls(**options)
 
     @classmethod
@@ -158,7 +157,6 @@ class ServerOptions:
 
     def replace(self, **changes: Any) -> ServerOptions:
         """These options with ``changes`` (checked again, as :meth:`of`)."""
-        _known(changes)
         return dataclasses.replace(self, **changes)
 
 
@@ -177,18 +175,8 @@ _ALIASES = {
     "draft_model": "draft_model_path", "model_draft": "draft_model_path", "strategy": "batch_strategy",
 }  # fmt: skip
 
-
-def _known(options: Mapping[str, object]) -> None:
-    unknown = [name for name in options if name not in OPTION_NAMES]
-    if unknown:
-        raise TypeError(unknown_option(unknown[0]))
-
-
-def unknown_option(name: str) -> str:
-    """What to say of a keyword that is not an option (any thread)."""
-    guess = did_you_mean(name, OPTION_NAMES, _ALIASES)
-    hint = f"; did you mean {guess!r}?" if guess else " (see docs/reference/options.md)"
-    return f"{name!r} is not an option of ServerActor.start(){hint}"
+# A keyword that is not an option names the one it likely meant, as the messages do.
+suggesting(ServerOptions, "ServerActor.start()", _ALIASES, " (see docs/reference/options.md)")
 
 
 def check_options(**options: Any) -> StartOptions:

@@ -46,7 +46,7 @@ from actors.contract._messages import (
     StreamTokens,
     SubmitMessage,
 )
-from actors.contract._names import did_you_mean
+from actors.contract._names import did_you_mean, suggesting
 from actors.contract._results import (
     Completion,
     Done,
@@ -119,5 +119,6 @@ __all__ = [
     "grammar_for_schema",
     "is_int",
     "put_nowait",
+    "suggesting",
     "template_variables",
 ]

@@ -98,9 +98,9 @@ class Engine:
             state.occupied = False
             if state.config.cache_idle_slots:
                 state.memory.offload_idle(state.slots)
+        busy = state.busy()  # an embedding pass changes no slot's state
         if state.embedder.queue:
-            self.embed_pass.run(busy=any(slot.state is not SlotState.IDLE for slot in state.slots))
-        busy = state.busy()
+            self.embed_pass.run(busy=bool(busy))
         self.embed_pass.mark_generation(bool(busy))
         if not busy:
             return

@@ -40,7 +40,7 @@ from actors.engine._prepare import Prepared
 from actors.engine._slots import Choices, Request, Slot, running_choices
 from actors.engine._speculative import Acceptances
 from actors.engine._state import EngineState
-from strategies import BatchPlan, SlotState
+from strategies import BatchPlan
 
 __all__ = ["Scheduler", "Stall"]
 
@@ -223,7 +223,7 @@ class Scheduler:
     def dequeue(self) -> None:
         """Waiting requests enter idle slots while the KV cells have room (see ``_next``)."""
         while self.state.waiting:
-            idle = [slot for slot in self.state.slots if slot.state is SlotState.IDLE]
+            idle = self.state.idle()
             if not idle:
                 return
             request = self._next(idle)

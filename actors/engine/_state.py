@@ -137,7 +137,7 @@ class EngineState:
         if self.drafter is not None:  # price draft rows by this machine's passes, not a guess
             sizes = [n for n in CostModel.CALIBRATE if n <= self.n_ctx_slot]
             self.cost.calibrate(backend.rows.time_passes(sizes, self.slots[0].seq_id))
-        self.embedder = Embedder(backend, config.max_queue, self.room_for_embeddings, self.memory.cells)
+        self.embedder = Embedder(backend, config.max_queue, self.make_room, self.memory.cells)
         self.draft_tokens = 0
         self.draft_accepted = 0
 
@@ -187,14 +187,10 @@ class EngineState:
 
     def make_room(self, need: int, last: frozenset[int] = frozenset()) -> bool:
         """``purge_idle`` until ``need`` cells are free (a RAM restore or an embedding
-        pass needs that many empty); whether they are."""
+        pass needs that many empty; the embedder's callback); whether they are."""
         if self.memory.free_cells < need:
             self.purge_idle(need, last)
         return self.memory.free_cells >= need
-
-    def room_for_embeddings(self, need: int) -> bool:
-        """``make_room`` for an embedding pass (the embedder's callback)."""
-        return self.make_room(need)
 
     # -- telemetry ------------------------------------------------------------------
 
