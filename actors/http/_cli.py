@@ -286,7 +286,7 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         port=8080 if v["port"] is None else v["port"],
         log_level=log_level,
         notes=tuple(notes),
-        log_file=v["log_file"],
+        log_file=_log_file(v["log_file"]),
         log_format="json" if v["log_jsonl"] else (v["log_format"] or "text"),
         log_disable=bool(v["log_disable"]),
     )
@@ -354,10 +354,22 @@ def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan
         settings=settings,
         notes=tuple(notes),
         manager_options=MappingProxyType(manager),
-        log_file=v["log_file"],
+        log_file=_log_file(v["log_file"]),
         log_format="json" if v["log_jsonl"] else (v["log_format"] or "text"),
         log_disable=bool(v["log_disable"]),
     )
+
+
+def _log_file(path: str | None) -> str | None:
+    """``--log-file``, checked to be writable now: a clean error here, not a traceback
+    once the server starts."""
+    if path is not None:
+        try:
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as e:
+            raise CliError(f"cannot write the log file {path!r}: {e.strerror or e}") from None
+    return path
 
 
 def _missing_model(plan: ServePlan) -> str | None:

@@ -722,3 +722,8 @@ def test_the_defaults_that_differ_from_the_librarys_are_the_documented_ones() ->
     differ.add("n_ctx")  # the model's training context: 8192 for the default model, others differ
     assert plan(env={}).settings.n_predict == -1 and Generate("x").max_tokens == 256
     assert documented == differ | {"max_tokens"}
+
+
+def test_an_unwritable_log_file_is_a_clean_error(capsys: CapSys, tmp_path: Path) -> None:
+    message = refusal(capsys, "-c", "512", "--log-file", str(tmp_path / "no" / "such" / "dir.log"))
+    assert "cannot write the log file" in message and "No such file or directory" in message
