@@ -21,18 +21,19 @@ import pykka
 
 from actors.contract import (
     STREAMING,
+    AdmittedMessage,
     Cancel,
     CancelExact,
+    Decide,
     Drain,
     Embed,
     EngineError,
     GetInfo,
     GetStats,
     GetTokenizer,
-    RequestMessage,
     Submit,
 )
-from actors.engine import Prepared, PreparedEmbed, prepare, prepare_embed
+from actors.engine import Prepared, PreparedDecision, PreparedEmbed, prepare, prepare_decision, prepare_embed
 
 if TYPE_CHECKING:
     from actors.backend import LlamaBackend
@@ -67,8 +68,8 @@ class _Admit:
     future.
     """
 
-    message: RequestMessage | Embed
-    prepared: Prepared | PreparedEmbed | None
+    message: AdmittedMessage
+    prepared: Prepared | PreparedEmbed | PreparedDecision | None
     error: EngineError | None
     future: pykka.ThreadingFuture[object] | None
     told: bool
@@ -114,21 +115,23 @@ class EngineRef(pykka.ActorRef[Any]):
         return super().ask(wrapped, block=block, timeout=timeout)
 
     def _wrap(self, message: Any, *, told: bool) -> Any:
-        request: RequestMessage | Embed
+        request: AdmittedMessage
         if isinstance(message, Submit):
             request, future = message.message, message.future
-        elif isinstance(message, RequestMessage | Embed):
+        elif isinstance(message, AdmittedMessage):
             request, future = message, None
         else:
             # Only our own messages: pykka's (its stop message, proxies' calls) pass as they are.
             return _Told(message) if told and isinstance(message, _CALLER_MESSAGES) else message
-        prepared: Prepared | PreparedEmbed | None = None
+        prepared: Prepared | PreparedEmbed | PreparedDecision | None = None
         error: EngineError | None = None
         backend, limit = self.backend, self.n_ctx_slot
         if backend is not None and limit is not None:
             try:
                 if isinstance(request, Embed):
                     prepared = prepare_embed(backend, request, limit)
+                elif isinstance(request, Decide):
+                    prepared = prepare_decision(backend, request, limit)
                 else:
                     prepared = prepare(backend, request, limit)
             except EngineError as e:

@@ -26,8 +26,11 @@ from actors.actor._ref import TICK, EngineRef, _Admit, _Told
 from actors.backend import LlamaBackend, Tokenizer, resolve_model_path
 from actors.contract import (
     STREAMING,
+    AdmittedMessage,
+    AskedMessage,
     Cancel,
     CancelExact,
+    Decide,
     Drain,
     Embed,
     EngineError,
@@ -39,9 +42,18 @@ from actors.contract import (
     InvalidRequest,
     RequestMessage,
     Submit,
-    SubmitMessage,
 )
-from actors.engine import Engine, PreparedEmbed, courier, prepare, prepare_embed, settle
+from actors.engine import (
+    Engine,
+    Prepared,
+    PreparedDecision,
+    PreparedEmbed,
+    courier,
+    prepare,
+    prepare_decision,
+    prepare_embed,
+    settle,
+)
 
 __all__ = ["ServerActor"]
 
@@ -240,7 +252,7 @@ class ServerActor(pykka.ThreadingActor):
                         settle(asker, None)
             elif isinstance(message, STREAMING):
                 courier.send(message.reply_to, Failed(message.request_id, error))
-            elif isinstance(message, SubmitMessage | Embed) and envelope.reply_to is not None:
+            elif isinstance(message, AskedMessage) and envelope.reply_to is not None:
                 settle(envelope.reply_to, error=error)
             else:
                 keep.append(envelope)
@@ -293,7 +305,7 @@ class ServerActor(pykka.ThreadingActor):
             answer = self._admit(engine, message)
             self._schedule()
             return answer
-        elif isinstance(message, RequestMessage | Embed | Submit):  # not through an EngineRef
+        elif isinstance(message, AdmittedMessage | Submit):  # not through an EngineRef
             item = message if isinstance(message, Submit) else None
             request = message.message if isinstance(message, Submit) else message
             answer = self._admit(engine, _Admit(request, None, None, item.future if item else None, False))
@@ -326,7 +338,9 @@ class ServerActor(pykka.ThreadingActor):
                 raise item.error
             if isinstance(message, Embed):
                 return self._admit_embed(engine, item, message)
-            assert not isinstance(item.prepared, PreparedEmbed)
+            if isinstance(message, Decide):
+                return self._admit_decision(engine, item, message)
+            assert isinstance(item.prepared, Prepared | None)
             prepared = item.prepared or prepare(engine.backend, message, engine.n_ctx_slot)
             if isinstance(message, STREAMING):
                 engine.admit(prepared, reply_to=message.reply_to)
@@ -348,6 +362,16 @@ class ServerActor(pykka.ThreadingActor):
             prepared = prepare_embed(engine.backend, message, engine.n_ctx_slot)
         future: pykka.ThreadingFuture[object] = item.future or pykka.ThreadingFuture()
         engine.admit_embed(prepared, future)
+        return None if item.future is not None else future
+
+    @staticmethod
+    def _admit_decision(engine: Engine, item: _Admit, message: Decide) -> Any:
+        """Place a ``Decide``'s requests; the future of its ``Decision`` (actor thread)."""
+        prepared = item.prepared
+        if not isinstance(prepared, PreparedDecision):
+            prepared = prepare_decision(engine.backend, message, engine.n_ctx_slot)
+        future: pykka.ThreadingFuture[object] = item.future or pykka.ThreadingFuture()
+        engine.admit_decision(prepared, future)
         return None if item.future is not None else future
 
     @staticmethod

@@ -8,11 +8,13 @@ imports nothing else from ``actors``.
 from __future__ import annotations
 
 from actors.client._aio import achat, agenerate, astream, astream_chat, astream_events
+from actors.client._decide import adecide, decide
 from actors.client._embed import aembed, aembed_result, embed, embed_result
 from actors.client._helpers import chat, generate, stream, stream_chat
 
 __all__ = [
     "achat",
+    "adecide",
     "aembed",
     "aembed_result",
     "agenerate",
@@ -20,6 +22,7 @@ __all__ = [
     "astream_chat",
     "astream_events",
     "chat",
+    "decide",
     "embed",
     "embed_result",
     "generate",

@@ -22,11 +22,12 @@ from typing import Any, Literal, Protocol, TypeVar, overload, runtime_checkable
 import pykka
 
 from actors.contract import (
+    AdmittedMessage,
+    AskedMessage,
     CancelExact,
     Chat,
     Completion,
     Done,
-    Embed,
     EngineHandle,
     EngineStopped,
     Failed,
@@ -34,12 +35,10 @@ from actors.contract import (
     GenerateTokens,
     InvalidRequest,
     Progress,
-    RequestMessage,
     RequestTimeout,
     Stream,
     StreamChat,
     StreamTokens,
-    SubmitMessage,
     Token,
 )
 
@@ -76,7 +75,7 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
-def _tell_cancel(ref: EngineHandle, message: RequestMessage | Embed) -> None:
+def _tell_cancel(ref: EngineHandle, message: AdmittedMessage) -> None:
     """Cancel the request admitted from ``message``, and no other with its id (any thread)."""
     # A dead engine or a stopped pool has nothing to cancel.
     with contextlib.suppress(pykka.ActorDeadError, EngineStopped):
@@ -183,7 +182,7 @@ def chat(
 
 
 def _complete(
-    ref: EngineHandle, message: SubmitMessage | Embed, timeout: float | None, what: str = "completion"
+    ref: EngineHandle, message: AskedMessage, timeout: float | None, what: str = "completion"
 ) -> Any:
     """Admit ``message`` and wait for its outcome (a Completion, its tuple, or an
     Embed's Embeddings), watching the actor; cancel it when ``timeout`` passes."""

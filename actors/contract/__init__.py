@@ -16,7 +16,27 @@ from actors.contract._checks import (
     is_int,
     template_variables,
 )
-from actors.contract._control import Cancel, CancelExact, Drain, GetInfo, GetStats, GetTokenizer, Submit
+from actors.contract._control import (
+    AdmittedMessage,
+    AskedMessage,
+    Cancel,
+    CancelExact,
+    Drain,
+    GetInfo,
+    GetStats,
+    GetTokenizer,
+    Submit,
+)
+from actors.contract._decide import (
+    MAX_LEVELS,
+    MAX_OPTIONS,
+    MAX_QUESTIONS,
+    Answer,
+    Decide,
+    Decision,
+    Question,
+    QuestionType,
+)
 from actors.contract._embed import POOLINGS, Embed, Embeddings, Pooling
 from actors.contract._errors import (
     ConfigError,
@@ -64,13 +84,21 @@ from actors.contract._schema import grammar_for_schema
 
 __all__ = [
     "MAX_ID_LENGTH",
+    "MAX_LEVELS",
+    "MAX_OPTIONS",
+    "MAX_QUESTIONS",
     "POOLINGS",
     "STREAMING",
+    "AdmittedMessage",
+    "Answer",
+    "AskedMessage",
     "Cancel",
     "CancelExact",
     "Chat",
     "Completion",
     "ConfigError",
+    "Decide",
+    "Decision",
     "DecodeError",
     "Done",
     "Drain",
@@ -92,6 +120,8 @@ __all__ = [
     "Pooling",
     "Progress",
     "PromptTooLong",
+    "Question",
+    "QuestionType",
     "QueueFull",
     "ReplyTo",
     "RequestMessage",

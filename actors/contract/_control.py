@@ -9,13 +9,30 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from actors.contract._checks import MAX_ID_LENGTH, _checked_float, _require, _show, checked_text
+from actors.contract._decide import Decide
 from actors.contract._embed import Embed
-from actors.contract._messages import SubmitMessage
+from actors.contract._messages import RequestMessage, SubmitMessage
 
 if TYPE_CHECKING:
     import pykka
 
-__all__ = ["Cancel", "CancelExact", "Drain", "GetInfo", "GetStats", "GetTokenizer", "Submit"]
+__all__ = [
+    "AdmittedMessage",
+    "AskedMessage",
+    "Cancel",
+    "CancelExact",
+    "Drain",
+    "GetInfo",
+    "GetStats",
+    "GetTokenizer",
+    "Submit",
+]
+
+AskedMessage = SubmitMessage | Embed | Decide
+"""The requests answered with a future of their outcome (a ``Completion``, its tuple,
+the ``Embeddings``, the ``Decision``)."""
+AdmittedMessage = RequestMessage | Embed | Decide
+"""Every request an engine admits: the asked ones and the streams."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +86,13 @@ class Drain:
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    """Admit ``message`` (Generate, GenerateTokens, Chat or Embed) and complete ``future``.
+    """Admit ``message`` (Generate, GenerateTokens, Chat, Embed or Decide) and complete ``future``.
 
     Internal: a ``ServerPool`` passes the future it hands to its caller, so it learns
     when the request ends without a thread per request. ``ask`` answers None once admitted.
     """
 
-    message: SubmitMessage | Embed
+    message: AskedMessage
     future: pykka.ThreadingFuture[object]
 
     @property

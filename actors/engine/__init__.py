@@ -15,12 +15,15 @@ parts below it (``.importlinter`` keeps it so), and a tick reads plan → execut
 - ``_output_stage``: record, sample, stream, stop strings, context shift; ``_closing``:
   the tokens that end a reply in time.
 - ``_lifecycle``: a request entering a slot, and every way it ends, delivered exactly once.
+- ``_decisions``: a ``Decide`` as a leader that prefills the state and one request
+  per question over its cells, each read from its labels' logits.
 - ``_embed_pass``: a tick's embedding pass, priced against generation.
 - ``_state``: the shared state and the telemetry it sends.
 """
 
 from __future__ import annotations
 
+from actors.engine._decisions import PreparedDecision, prepare_decision
 from actors.engine._delivery import courier, settle
 from actors.engine._embedding import PreparedEmbed, prepare_embed
 from actors.engine._engine import Engine, EngineConfig
@@ -30,9 +33,11 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "Prepared",
+    "PreparedDecision",
     "PreparedEmbed",
     "courier",
     "prepare",
+    "prepare_decision",
     "prepare_embed",
     "settle",
 ]

@@ -22,6 +22,7 @@ import telemetry
 from actors.backend import Backend, faults
 from actors.contract import EngineError, ReplyTo
 from actors.engine._batch import Segment
+from actors.engine._decisions import PreparedDecision
 from actors.engine._drafting import DraftPlanner
 from actors.engine._embed_pass import EmbedPass
 from actors.engine._embedding import PreparedEmbed
@@ -126,6 +127,10 @@ class Engine:
     def admit_embed(self, prepared: PreparedEmbed, future: pykka.ThreadingFuture[object]) -> None:
         """Queue a prepared ``Embed`` (see :meth:`Scheduler.admit_embed`)."""
         self.scheduler.admit_embed(prepared, future)
+
+    def admit_decision(self, prepared: PreparedDecision, future: pykka.ThreadingFuture[object]) -> None:
+        """Place a prepared ``Decide``'s requests (see :meth:`Scheduler.admit_decision`)."""
+        self.scheduler.admit_decision(prepared, future)
 
     def cancel(self, request_id: str, message: object = None) -> None:
         """Cancel a queued or running request (see :meth:`Scheduler.cancel`)."""

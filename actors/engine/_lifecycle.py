@@ -173,7 +173,7 @@ class Lifecycle:
         if group is not None:
             group.results[request.index] = completion
             if group.future is not None and not group.failed and all(r is not None for r in group.results):
-                settle(group.future, tuple(group.results))
+                self._settle_group(group)
             self._settled(group)
         if request.future is not None:
             settle(request.future, completion)
@@ -181,6 +181,24 @@ class Lifecycle:
             if request.last is not None and not self.put(request, request.last):
                 return
             self.put(request, Done(request.request_id, completion, request.index))
+
+    @staticmethod
+    def _settle_group(group: Choices) -> None:
+        """Give a group whose every request ended its one outcome."""
+        assert group.future is not None
+        if group.build is None:
+            settle(group.future, tuple(group.results))
+            return
+        try:
+            outcome = group.build(group)
+        except EngineError as error:
+            settle(group.future, error=error)
+            return
+        except Exception as e:  # a bug: the request's failure, never the tick's
+            _log.exception("building the outcome of %s failed", group.leader.request_id)
+            settle(group.future, error=EngineError(f"the request's outcome could not be built: {e!r}"))
+            return
+        settle(group.future, outcome)
 
     def _settled(self, group: Choices) -> None:
         """Forget a request's choices once each has its outcome."""

@@ -76,6 +76,9 @@ class OutputStage:
             if segment.drafts:
                 self._verify(slot, request, segment, start)
                 continue
+            if request.reads is not None:
+                self._read(slot, request, segment.logits_row - start)
+                continue
             first = request.t_first_token is None
             self._sample_alone(slot, segment.logits_row - start)
             if first and request.choices is not None and request.index == 0:
@@ -119,6 +122,16 @@ class OutputStage:
             self.state.now.draft_accepted += accepted
             if request.acceptance is not None:
                 request.acceptance.of(kind).verified(len(drafts), accepted)
+
+    def _read(self, slot: Slot, request: Request, row: int) -> None:
+        """A decision's question: read its labels' log-probabilities from the row (over
+        the whole vocabulary, before any sampler) and end it; the leader only ends."""
+        if request.reads:
+            log_softmax, _ = self.backend.sampling.logprobs(row, 0)
+            request.read = tuple(float(log_softmax[token]) for token in request.reads)
+        else:
+            request.read = ()
+        self.lifecycle.finish(slot, "stop")
 
     def _sample_alone(self, slot: Slot, row: int) -> int | None:
         """Sample ``row`` for the slot; a sampler that breaks fails its request alone.

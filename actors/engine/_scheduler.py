@@ -32,6 +32,7 @@ from actors.contract import (
     StrategyError,
 )
 from actors.engine._batch import check_plan
+from actors.engine._decisions import PreparedDecision, decision_of, flat_reads
 from actors.engine._drafting import DraftPlanner
 from actors.engine._embedding import PreparedEmbed
 from actors.engine._lifecycle import Lifecycle
@@ -89,16 +90,49 @@ class Scheduler:
             QueueFull: every slot is busy and ``max_queue`` requests wait.
             EngineStopped: the engine is draining.
         """
-        state, message = self.state, prepared.message
-        if state.draining:
-            raise EngineStopped("the engine is draining: it takes no new requests")
-        n = message.n
-        keys = [message.request_id, *(f"{message.request_id}#{i}" for i in range(1, n))]
-        if message.request_id in state.choices or any(key in state.requests for key in keys):
-            raise InvalidRequest(f"request_id {message.request_id!r} is already in use")
+        message = prepared.message
         if isinstance(message, STREAMING) != (reply_to is not None):
             raise InvalidRequest("internal: reply path does not match the message")
-        if prepared.limit != state.n_ctx_slot:
+        self._admissible(message.request_id, message.n, prepared.limit)
+        state = self.state
+        params = state.config.defaults.merged(message)
+        if prepared.grammar is not None:
+            params = dataclasses.replace(params, grammar=prepared.grammar)
+        state.arrivals += 1
+        requests = [self._request(prepared, params, i, future, reply_to) for i in range(message.n)]
+        if message.n > 1:
+            self._group(requests, Choices(requests, future, [None] * message.n))
+        self._place(requests)
+
+    def admit_decision(self, prepared: PreparedDecision, future: pykka.ThreadingFuture[object]) -> None:
+        """Place a prepared ``Decide``'s requests (its leader, then one per question) in
+        slots or the queue, as one group whose outcome is the ``Decision``.
+
+        Raises:
+            InvalidRequest, QueueFull, EngineStopped: as :meth:`admit`.
+        """
+        parts = ([prepared.leader] if prepared.leader is not None else []) + list(prepared.questions)
+        reads = ([()] if prepared.leader is not None else []) + [flat_reads(r) for r in prepared.reads]
+        self._admissible(prepared.message.request_id, len(parts), prepared.limit)
+        self.state.arrivals += 1
+        requests = []
+        for index, (part, labels) in enumerate(zip(parts, reads, strict=True)):
+            request = self._request(part, self.state.config.defaults.merged(part.message), index, None, None)
+            request.reads = labels
+            requests.append(request)
+        build = functools.partial(decision_of, prepared)
+        self._group(requests, Choices(requests, future, [None] * len(requests), build=build))
+        self._place(requests)
+
+    def _admissible(self, request_id: str, n: int, limit: int) -> None:
+        """Refuse what the engine's state rules out for ``n`` requests under one id."""
+        state = self.state
+        if state.draining:
+            raise EngineStopped("the engine is draining: it takes no new requests")
+        keys = [request_id, *(f"{request_id}#{i}" for i in range(1, n))]
+        if request_id in state.choices or any(key in state.requests for key in keys):
+            raise InvalidRequest(f"request_id {request_id!r} is already in use")
+        if limit != state.n_ctx_slot:
             raise InvalidRequest("internal: the request was prepared for another context")
         free = state.idle()
         max_queue = state.config.max_queue
@@ -106,22 +140,23 @@ class Scheduler:
             not free and len(state.waiting) >= max_queue
         ):
             raise QueueFull(f"all {len(state.slots)} slots busy and {len(state.waiting)} requests waiting")
-        params = state.config.defaults.merged(message)
-        if prepared.grammar is not None:
-            params = dataclasses.replace(params, grammar=prepared.grammar)
-        state.arrivals += 1
-        requests = [self._request(prepared, params, i, future, reply_to) for i in range(n)]
-        if n > 1:
-            group = Choices(requests, future, [None] * n)
-            state.choices[message.request_id] = group
-            for request in requests:
-                request.choices, request.future = group, None
-        leader = requests[0]
+
+    def _group(self, requests: list[Request], group: Choices) -> None:
+        """The requests answer as one: one future (the group's), one outcome."""
+        self.state.choices[group.leader.request_id] = group
+        for request in requests:
+            request.choices, request.future = group, None
+
+    def _place(self, requests: list[Request]) -> None:
+        """The first request enters an idle slot or the queue; the rest queue behind it
+        (they copy its prompt once it is computed)."""
+        state, leader = self.state, requests[0]
+        free = state.idle()
         if free and not state.waiting and not state.memory.worth_waiting(leader, state.slots):
             self._start(leader, free)
         else:
             self._enqueue(leader)
-        for request in requests[1:]:  # they copy the leader's prompt once it is computed
+        for request in requests[1:]:
             self._enqueue(request)
 
     def admit_embed(self, prepared: PreparedEmbed, future: pykka.ThreadingFuture[object]) -> None:

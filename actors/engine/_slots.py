@@ -34,6 +34,9 @@ class Choices:
     future: pykka.ThreadingFuture[object] | None
     results: list[object] = field(default_factory=list)  # a Completion each, or None so far
     failed: bool = False
+    # What the future gets once all have ended (None: the tuple of Completions): a
+    # decision's questions make one Decision (it may raise the request's error instead).
+    build: Callable[[Choices], object] | None = None
 
     @property
     def leader(self) -> Request:
@@ -102,6 +105,10 @@ class Request:
     draft_tokens: int = 0
     draft_accepted: int = 0
     acceptance: Acceptances | None = None
+    # A decision's question: its labels' token ids, read (as log-probabilities) from its
+    # first logits row instead of sampling; () for the leader, which only prefills.
+    reads: tuple[int, ...] | None = None
+    read: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.context:

@@ -16,6 +16,7 @@ from actors.contract import (
     STREAMING,
     Chat,
     ConfigError,
+    Decide,
     Embed,
     Generate,
     GenerateTokens,
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 _MIB = 1 << 20
-_ROUTED = (Generate, GenerateTokens, Chat, *STREAMING, Embed, Submit)
+_ROUTED = (Generate, GenerateTokens, Chat, *STREAMING, Embed, Decide, Submit)
 _MAX_TIMEOUT_S = 1e6
 
 

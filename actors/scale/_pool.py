@@ -39,20 +39,19 @@ import pykka
 from actors.actor import ServerOptions
 from actors.contract import (
     STREAMING,
+    AdmittedMessage,
+    AskedMessage,
     Cancel,
     CancelExact,
     ConfigError,
     Drain,
-    Embed,
     EngineStopped,
     GetInfo,
     GetStats,
     GetTokenizer,
     QueueFull,
-    RequestMessage,
     StreamMessage,
     Submit,
-    SubmitMessage,
 )
 from actors.scale._checks import replica_names
 from actors.scale._pool_queries import drain_replicas, pool_stats
@@ -68,8 +67,8 @@ _log = logging.getLogger("llama_cpp_actors.pool")
 class _Sent:
     """A request in flight: the caller's message, and the one a replica admits."""
 
-    message: RequestMessage | Embed
-    sent: RequestMessage | Embed
+    message: AdmittedMessage
+    sent: AdmittedMessage
 
 
 class ServerPool:
@@ -189,7 +188,7 @@ class ServerPool:
         ``RequestTimeout``, the request cancelled), or the question's answer.
         """
         self._check_running()
-        if isinstance(message, SubmitMessage | Embed):
+        if isinstance(message, AskedMessage):
             answer: Any = self._submit(message, timeout)
         elif isinstance(message, Submit):  # the caller's own future gets the outcome
             self._submit(message.message, timeout, message.future)
@@ -223,7 +222,7 @@ class ServerPool:
                 self._replicas[name].cancel(message.request_id)
         elif isinstance(message, CancelExact):
             self._cancel_exact(message)
-        elif isinstance(message, SubmitMessage | Embed):
+        elif isinstance(message, AskedMessage):
             self._submit(message, None)
         elif isinstance(message, Submit):
             self._submit(message.message, None, message.future)
@@ -290,7 +289,7 @@ class ServerPool:
 
     def _submit(
         self,
-        message: SubmitMessage | Embed,
+        message: AskedMessage,
         timeout: float | None,
         outer: pykka.ThreadingFuture[Any] | None = None,
     ) -> Tracked:

@@ -38,8 +38,8 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 import telemetry
 from actors.contract import (
+    AskedMessage,
     Done,
-    Embed,
     EngineError,
     EngineStopped,
     Failed,
@@ -48,7 +48,6 @@ from actors.contract import (
     QueueFull,
     RequestTimeout,
     StreamMessage,
-    SubmitMessage,
     Token,
 )
 from actors.engine import courier
@@ -162,7 +161,7 @@ class RayReplica:
             return EngineStopped(f"replica {self.name!r} died: {type(error).__name__}: {error}")
         return EngineStopped(f"replica {self.name!r} failed: {error!r}")
 
-    def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
+    def submit(self, message: AskedMessage, future: Tracked, timeout: float | None) -> None:
         # Admission is a Ray call answered later (``settle``): nothing here waits, and the
         # caller's wait on ``future`` is bounded by the caller.
         if not self.up():

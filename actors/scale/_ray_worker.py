@@ -16,10 +16,10 @@ import ray
 import telemetry
 from actors.backend import Tokenizer
 from actors.contract import (
+    AskedMessage,
     Cancel,
     Done,
     Drain,
-    Embed,
     EngineError,
     EngineStopped,
     Failed,
@@ -27,7 +27,6 @@ from actors.contract import (
     GetTokenizer,
     Progress,
     StreamMessage,
-    SubmitMessage,
     Token,
 )
 
@@ -122,7 +121,7 @@ class ReplicaActor:
             _log.error("%s: %s; exiting so that Ray restarts the replica", self.name, self.ref.gave_up)
             os._exit(70)
 
-    def submit(self, message: SubmitMessage | Embed) -> Any:
+    def submit(self, message: AskedMessage) -> Any:
         """The Completion of a Generate/GenerateTokens/Chat, the Embeddings of an Embed
         (admission errors raise)."""
         try:

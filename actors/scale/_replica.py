@@ -18,11 +18,11 @@ import pykka
 
 from actors.actor import ServerOptions, Supervisor
 from actors.contract import (
+    AskedMessage,
     Cancel,
     CancelExact,
     Done,
     Drain,
-    Embed,
     Failed,
     Progress,
     QueueFull,
@@ -30,7 +30,6 @@ from actors.contract import (
     RequestTimeout,
     StreamMessage,
     Submit,
-    SubmitMessage,
     Token,
     put_nowait,
 )
@@ -55,7 +54,7 @@ class Replica(Protocol):
     def gave_up(self) -> str | None:
         """Why it will never take requests again (its restarts ran out), or None."""
 
-    def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
+    def submit(self, message: AskedMessage, future: Tracked, timeout: float | None) -> None:
         """Admit ``message``; ``future`` gets its Completion or error. ReplicaDown if down.
 
         Waits at most ``timeout`` for the admission; then cancels it and raises
@@ -168,7 +167,7 @@ class LocalReplica:
     def gave_up(self) -> str | None:
         return self.supervisor.gave_up
 
-    def submit(self, message: SubmitMessage | Embed, future: Tracked, timeout: float | None) -> None:
+    def submit(self, message: AskedMessage, future: Tracked, timeout: float | None) -> None:
         ref = self._ref()
         # Not a blocking ask: an engine in a long (or stuck) tick answers only after it.
         admitted = ref.ask(Submit(message, future), block=False)

@@ -29,12 +29,13 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from actors.contract import (
+    AdmittedMessage,
     Chat,
+    Decide,
     Embed,
     EngineStopped,
     GenerateTokens,
     InvalidRequest,
-    RequestMessage,
     StreamChat,
     StreamTokens,
 )
@@ -49,13 +50,15 @@ BLOCK_TOKENS = 4
 _MAX_SESSIONS = 100_000
 
 
-def prefix_blocks(message: RequestMessage | Embed) -> list[int]:
+def prefix_blocks(message: AdmittedMessage) -> list[int]:
     """Chained hashes of the message's whole leading blocks (hash i covers blocks 0..i);
     none for an ``Embed``, which reuses no cache."""
     units: str | tuple[int, ...]  # a slice of either is hashable
     if isinstance(message, Embed):
         return []
-    if isinstance(message, GenerateTokens | StreamTokens):
+    if isinstance(message, Decide):  # its questions' prompts start with the state
+        units, size = message.state, BLOCK_CHARS
+    elif isinstance(message, GenerateTokens | StreamTokens):
         units, size = tuple(message.tokens), BLOCK_TOKENS
     elif isinstance(message, Chat | StreamChat):
         units, size = "".join(f"\x1e{m['role']}\x1f{m['content']}" for m in message.messages), BLOCK_CHARS
@@ -103,7 +106,7 @@ class Router:
         self._in_flight: dict[str, str] = {}
         self.decisions = {"session": 0, "prefix": 0, "least_loaded": 0}
 
-    def choose(self, message: RequestMessage | Embed, up: Iterable[str]) -> str:
+    def choose(self, message: AdmittedMessage, up: Iterable[str]) -> str:
         """Pick a replica for ``message`` among ``up`` and count it in flight there.
 
         Raises:
@@ -136,9 +139,7 @@ class Router:
                     self._sessions.popitem(last=False)
         return name
 
-    def _pick(
-        self, message: RequestMessage | Embed, blocks: list[int], candidates: list[str]
-    ) -> tuple[str, str]:
+    def _pick(self, message: AdmittedMessage, blocks: list[int], candidates: list[str]) -> tuple[str, str]:
         if message.session is not None:
             name = self._sessions.get((message.cache_scope, message.session))
             if name in candidates:
