@@ -8,13 +8,14 @@ imports nothing else from ``actors``.
 from __future__ import annotations
 
 from actors.client._aio import achat, agenerate, astream, astream_chat, astream_events
-from actors.client._decide import adecide, decide
+from actors.client._decide import adecide, adecide_result, decide, decide_result
 from actors.client._embed import aembed, aembed_result, embed, embed_result
 from actors.client._helpers import chat, generate, stream, stream_chat
 
 __all__ = [
     "achat",
     "adecide",
+    "adecide_result",
     "aembed",
     "aembed_result",
     "agenerate",
@@ -23,6 +24,7 @@ __all__ = [
     "astream_events",
     "chat",
     "decide",
+    "decide_result",
     "embed",
     "embed_result",
     "generate",

@@ -16,7 +16,7 @@ from actors.client._helpers import _complete
 from actors.client._outcome import await_outcome
 from actors.contract import Decide, Decision, EngineHandle
 
-__all__ = ["adecide", "decide"]
+__all__ = ["adecide", "adecide_result", "decide", "decide_result"]
 
 
 def decide(
@@ -43,7 +43,12 @@ def decide(
         PromptTooLong: the state does not fit a slot's context.
         QueueFull, EngineError: as ``generate``.
     """
-    decision: Decision = _complete(ref, Decide(state, questions, **options), timeout, "decision")
+    return decide_result(ref, Decide(state, questions, **options), timeout)
+
+
+def decide_result(ref: EngineHandle, message: Decide, timeout: float | None = None) -> Decision:
+    """Send a ``Decide`` made already and wait for its ``Decision`` (the caller's thread)."""
+    decision: Decision = _complete(ref, message, timeout, "decision")
     return decision
 
 
@@ -56,5 +61,10 @@ async def adecide(
 ) -> Decision:
     """Await the ``Decision`` of ``questions`` about ``state``; as :func:`decide`, on the
     event loop (cancelling the task cancels the request)."""
-    decision: Decision = await await_outcome(ref, Decide(state, questions, **options), timeout, "decision")
+    return await adecide_result(ref, Decide(state, questions, **options), timeout)
+
+
+async def adecide_result(ref: EngineHandle, message: Decide, timeout: float | None = None) -> Decision:
+    """Send a ``Decide`` made already and await its ``Decision`` (the loop's thread)."""
+    decision: Decision = await await_outcome(ref, message, timeout, "decision")
     return decision

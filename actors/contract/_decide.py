@@ -84,7 +84,7 @@ def _text(name: str, value: object, budget: list[int]) -> str:
     if isinstance(value, Mapping | list | tuple):
         _require(_depth(value, MAX_STATE_DEPTH) <= MAX_STATE_DEPTH, f"{name} nests too deeply")
         try:
-            value = json.dumps(value, ensure_ascii=False)
+            value = json.dumps(value, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise InvalidRequest(f"{name} is not JSON: {e}") from None
     text = checked_text(name, value, MAX_QUESTION_CHARS)
@@ -232,7 +232,7 @@ def _state(state: object) -> str:
         _depth(state, MAX_STATE_DEPTH) <= MAX_STATE_DEPTH, f"state nests deeper than {MAX_STATE_DEPTH} levels"
     )
     try:
-        text = json.dumps(state, ensure_ascii=False)
+        text = json.dumps(state, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:  # a key or value JSON has no form for, NaN...
         raise InvalidRequest(f"state is not JSON: {e}") from None
     return checked_text("state", text, MAX_PROMPT_CHARS)

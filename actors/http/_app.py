@@ -28,7 +28,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import EngineError
-from actors.http import _anthropic, _embeddings, _info, _models, _native, _openai, _responses
+from actors.http import _anthropic, _decisions, _embeddings, _info, _models, _native, _openai, _responses
 from actors.http._access import ACCESS, Access, log_access
 from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
 from actors.http._generation import error_event
@@ -133,6 +133,8 @@ def _routes() -> list[Route]:
         "/embedding": _embeddings.embeddings,
         "/embeddings": _embeddings.embeddings,
         "/v1/embeddings": _embeddings.embeddings_oai,
+        "/v1/systemone": _decisions.systemone,
+        "/v1/decisions": _decisions.decisions,
         "/models/load": _models.load,  # router mode (404 with one model, as llama-server)
         "/models/unload": _models.unload,
     }
