@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.backend import Backend
+from actors.chat import ReplySpec
 from actors.contract import (
     Answer,
     Chat,
@@ -150,11 +151,11 @@ def prepare_decision(backend: Backend, message: Decide, limit: int) -> PreparedD
             raise
         except Exception as e:
             raise InvalidRequest(f"question {name!r} could not be rendered: {e!r}") from None
-        if reply is not None and reply.thinking:
+        if _thinks_first(backend, prompt, reply):
             raise InvalidRequest(
-                f"question {name!r}: the chat template opens a thinking block where the answer "
-                "is read (template_kwargs turn thinking on); a decision reads the answer's first "
-                "token, so turn thinking off"
+                f"question {name!r}: the chat template leaves the model thinking where the answer "
+                "is read (template_kwargs turn thinking on, or the template always thinks); a "
+                "decision reads the answer's first token, so turn thinking off"
             )
         if len(prompt) + 1 > limit:
             raise PromptTooLong(
@@ -182,6 +183,18 @@ def prepare_decision(backend: Backend, message: Decide, limit: int) -> PreparedD
         leader = Prepared(GenerateTokens(head, **options), head, limit)
     questions = tuple(Prepared(GenerateTokens(p, **options), tuple(p), limit) for p in prompts)
     return PreparedDecision(message, leader, questions, tuple(reads), limit)
+
+
+def _thinks_first(backend: Backend, prompt: list[int], reply: ReplySpec | None) -> bool:
+    """Whether the model's first token after ``prompt`` is thinking, not the answer: the
+    template opened a thinking block, or the family thinks and the prompt does not end
+    with the block closed (Qwen3's ``enable_thinking=False`` writes it empty)."""
+    if reply is None or not reply.reasoning or reply.syntax.think is None:
+        return False
+    if reply.thinking:
+        return True
+    tail = b"".join(backend.vocab.special_piece(t) for t in prompt[-16:]).decode("utf-8", "replace")
+    return not tail.rstrip().endswith(reply.syntax.think[1])
 
 
 def _label_tokens(backend: Backend, name: str, spellings: tuple[str, ...]) -> tuple[int, ...]:
