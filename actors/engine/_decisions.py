@@ -134,6 +134,7 @@ def prepare_decision(backend: Backend, message: Decide, limit: int) -> PreparedD
             f"(n_ctx_per_slot={limit}) with a question",
             n_state,
             limit,
+            truncatable=False,
         )
     kwargs = {"enable_thinking": False, **(message.template_kwargs or {})}
     prompts: list[list[int]] = []
@@ -163,6 +164,7 @@ def prepare_decision(backend: Backend, message: Decide, limit: int) -> PreparedD
                 f"context of {limit} tokens (n_ctx_per_slot={limit})",
                 len(prompt),
                 limit,
+                truncatable=False,
             )
         prompts.append(prompt)
         reads.append(ids)

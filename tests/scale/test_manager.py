@@ -38,6 +38,7 @@ from actors import (
     Stream,
     agenerate,
     chat,
+    decide,
     default_model_path,
     estimate_memory,
     generate,
@@ -110,6 +111,10 @@ def test_two_names_for_the_default_model_route_by_name(managers: Callable[..., M
     assert "".join(stream(manager, "Once upon a time", max_tokens=6, temp=0, model="b", timeout=60))
     reply = chat(manager.engine("a"), [{"role": "user", "content": "Hi"}], max_tokens=4, timeout=60)
     assert reply.generated_tokens >= 1
+    question = {"q": {"type": "choice", "instructions": "Which?", "criteria": ["red", "blue"]}}
+    by_a = decide(manager, "The sky is blue.", question, model="a", timeout=60)
+    by_b = decide(manager, "The sky is blue.", question, model="b", timeout=60)
+    assert by_a.answers == by_b.answers  # the same model under two names: the same numbers
     stats = manager.ask(GetStats())
     assert stats["models"]["a"]["engine"]["replicas_up"] == 1
     assert stats["held_mb"] == pytest.approx(2 * one_mb())

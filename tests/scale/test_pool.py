@@ -37,6 +37,7 @@ from actors import (
     agenerate,
     astream,
     chat,
+    decide,
     generate,
     stream,
 )
@@ -62,6 +63,8 @@ def test_the_pool_answers_what_an_engine_answers(pool: ServerPool) -> None:
     text = "".join(stream(pool, "Once upon a time", max_tokens=5, logit_bias=NO_EOG))
     assert text
     assert chat(pool, [{"role": "user", "content": "Hi"}], max_tokens=3).text is not None
+    question = {"q": {"type": "score", "instructions": "How warm?", "criteria": ["cold", "warm", "hot"]}}
+    assert decide(pool, "It is 35 degrees.", question, timeout=60).answers["q"].type == "score"
     q: queue.Queue[Any] = queue.Queue()
     pool.tell(StreamChat([{"role": "user", "content": "Hi"}], reply_to=q, max_tokens=2, logit_bias=NO_EOG))
     assert isinstance(drain(q)[-1], Done)
@@ -79,7 +82,7 @@ def test_the_pool_answers_what_an_engine_answers(pool: ServerPool) -> None:
     assert set(stats["replicas"]) == set(pool.replicas) and stats["replicas_up"] == 2
     assert stats["n_parallel"] == 4 and stats["idle_slots"] == 4 and stats["active_slots"] == 0
     assert "n_ctx_per_slot" not in stats and stats["replicas"]["replica-0"]["n_ctx_per_slot"] == 512
-    assert sum(stats["routing"].values()) == 8
+    assert sum(stats["routing"].values()) == 9  # each request routed once (the decision too)
     assert pool.router.loads() == {"replica-0": 0, "replica-1": 0}  # every request accounted for
 
 
