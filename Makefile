@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-smoke compat clients clean
+.PHONY: install demo test test-fast lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-decisions bench-smoke compat clients clean
 
 # llama.cpp compiles for this CPU (GGML_NATIVE) but without AMX: on a Sapphire Rapids
 # VM ggml's AMX matmul kills the process at its first ldtilecfg (seen 2026-12-02, in
@@ -104,6 +104,12 @@ bench-speculative: install
 bench-embeddings: install
 	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
 	$(PY) bench/embeddings.py
+
+# One Decide of 8 questions against 8 one-token chats, ours and llama-server's
+# (bench/decisions.py): bench/results/decisions.md.
+bench-decisions: install
+	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
+	$(PY) bench/decisions.py
 
 # The bench scripts' smoke tests, which make test leaves out (the suite's time budget).
 bench-smoke: install

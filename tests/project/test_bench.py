@@ -171,3 +171,10 @@ def test_speculative_bound(tmp_path: Path) -> None:
 def test_embeddings(tmp_path: Path) -> None:
     out = run("embeddings.py", tmp_path, "--quick", "--systems", "engine,llama-lock")
     assert "engine / llama-lock" in out and "| engine |" in (tmp_path / "embeddings.md").read_text()
+
+
+@pytest.mark.bench_smoke
+@pytest.mark.timeout(450)
+def test_decisions(tmp_path: Path) -> None:
+    out = run("decisions.py", tmp_path, "--state-tokens", "100", "--rounds", "1")
+    assert "one Decide, 8 questions" in out and "| 8 chats" in (tmp_path / "decisions.md").read_text()
