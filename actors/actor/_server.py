@@ -336,10 +336,8 @@ class ServerActor(pykka.ThreadingActor):
         try:
             if item.error is not None:
                 raise item.error
-            if isinstance(message, Embed):
-                return self._admit_embed(engine, item, message)
-            if isinstance(message, Decide):
-                return self._admit_decision(engine, item, message)
+            if isinstance(message, Embed | Decide):
+                return self._admit_asked(engine, item, message)
             assert isinstance(item.prepared, Prepared | None)
             prepared = item.prepared or prepare(engine.backend, message, engine.n_ctx_slot)
             if isinstance(message, STREAMING):
@@ -355,23 +353,19 @@ class ServerActor(pykka.ThreadingActor):
             return self._refuse(item, InvalidRequest(f"the request could not be admitted: {e!r}"))
 
     @staticmethod
-    def _admit_embed(engine: Engine, item: _Admit, message: Embed) -> Any:
-        """Queue an ``Embed``; the future of its ``Embeddings`` (actor thread)."""
+    def _admit_asked(engine: Engine, item: _Admit, message: Embed | Decide) -> Any:
+        """Queue an ``Embed`` or place a ``Decide``'s requests; the future of its
+        ``Embeddings`` or ``Decision`` (actor thread)."""
         prepared = item.prepared
-        if not isinstance(prepared, PreparedEmbed):
-            prepared = prepare_embed(engine.backend, message, engine.n_ctx_slot)
         future: pykka.ThreadingFuture[object] = item.future or pykka.ThreadingFuture()
-        engine.admit_embed(prepared, future)
-        return None if item.future is not None else future
-
-    @staticmethod
-    def _admit_decision(engine: Engine, item: _Admit, message: Decide) -> Any:
-        """Place a ``Decide``'s requests; the future of its ``Decision`` (actor thread)."""
-        prepared = item.prepared
-        if not isinstance(prepared, PreparedDecision):
-            prepared = prepare_decision(engine.backend, message, engine.n_ctx_slot)
-        future: pykka.ThreadingFuture[object] = item.future or pykka.ThreadingFuture()
-        engine.admit_decision(prepared, future)
+        if isinstance(message, Embed):
+            if not isinstance(prepared, PreparedEmbed):
+                prepared = prepare_embed(engine.backend, message, engine.n_ctx_slot)
+            engine.admit_embed(prepared, future)
+        else:
+            if not isinstance(prepared, PreparedDecision):
+                prepared = prepare_decision(engine.backend, message, engine.n_ctx_slot)
+            engine.admit_decision(prepared, future)
         return None if item.future is not None else future
 
     @staticmethod

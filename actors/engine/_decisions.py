@@ -123,11 +123,17 @@ def prepare_decision(backend: Backend, message: Decide, limit: int) -> PreparedD
             token, or the template opens a thinking block before the answer.
         PromptTooLong: the state, or a question with it, does not fit a slot's context.
     """
-    vocab = backend.vocab
     try:
-        n_state = len(vocab.tokenize(message.state, add_special=False, parse_special=False))
-    except Exception as e:  # a tokenizer's surprise is the request's failure
-        raise InvalidRequest(f"the state could not be tokenized: {e!r}") from None
+        return _prepare(backend, message, limit)
+    except EngineError:
+        raise
+    except Exception as e:  # a message changed behind its checks, a library's surprise
+        raise InvalidRequest(f"the decision could not be prepared: {e!r}") from None
+
+
+def _prepare(backend: Backend, message: Decide, limit: int) -> PreparedDecision:
+    vocab = backend.vocab
+    n_state = len(vocab.tokenize(message.state, add_special=False, parse_special=False))
     if n_state + 1 >= limit:  # checked before rendering it once per question
         raise PromptTooLong(
             f"the state is {n_state} tokens: it cannot fit a slot's context of {limit} tokens "
@@ -146,12 +152,7 @@ def prepare_decision(backend: Backend, message: Decide, limit: int) -> PreparedD
             raise InvalidRequest(f"question {name!r}: two of its labels are the same token in this model")
         content = f"{message.state}\n\n{question_text(question)}"
         chat = Chat([{"role": "user", "content": content}], template_kwargs=kwargs, max_tokens=1)
-        try:
-            prompt, _, reply = backend.chat.prompt(chat)
-        except EngineError:
-            raise
-        except Exception as e:
-            raise InvalidRequest(f"question {name!r} could not be rendered: {e!r}") from None
+        prompt, _, reply = backend.chat.prompt(chat)
         if _thinks_first(backend, prompt, reply):
             raise InvalidRequest(
                 f"question {name!r}: the chat template leaves the model thinking where the answer "

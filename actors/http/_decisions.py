@@ -84,6 +84,11 @@ def _systemone_answer(answer: Answer, legend: tuple[Any, ...]) -> dict[str, Any]
         out["score"] = answer.score
         out["legend"] = {str(i): level for i, level in enumerate(legend)}
     out["probabilities"] = dict(answer.probabilities)
+    return _with_measures(out, answer)
+
+
+def _with_measures(out: dict[str, Any], answer: Answer) -> dict[str, Any]:
+    """``out`` with the answer's ``confidence`` and ``option_mass``."""
     out["confidence"] = answer.confidence
     out["option_mass"] = answer.option_mass
     return out
@@ -237,9 +242,7 @@ def _openai_answer(answer: Answer, question: Mapping[str, Any]) -> dict[str, Any
             {"value": i, "label": label, "probability": p}
             for i, (label, p) in enumerate(zip(labels, answer.probabilities.values(), strict=True))
         ]
-    out["confidence"] = answer.confidence
-    out["option_mass"] = answer.option_mass
-    return out
+    return _with_measures(out, answer)
 
 
 async def decisions(request: Request) -> Response:

@@ -30,6 +30,7 @@ from hostile_runner import (
 from actors import (
     Cancel,
     Chat,
+    Decide,
     Done,
     Drain,
     EngineError,
@@ -46,6 +47,7 @@ from actors import (
     Stream,
     StreamChat,
     StreamTokens,
+    decide,
     generate,
     stream,
 )
@@ -324,3 +326,22 @@ def _a_future_resolved_by_its_caller_then_finishing_or_cancelled(c: Child) -> No
 
 def test_hostile(hostile_case: str) -> None:
     check(hostile_case)
+
+
+@case("c04")
+def _tampered_decisions_are_refused_and_the_engine_serves_on(c: Child) -> None:
+    questions = {"q": {"type": "choice", "instructions": "Which?", "criteria": ["a", "b"]}}
+    good = Decide("A state.", questions)
+    for fields in (
+        {"questions": {"q": "not a question"}},
+        {"questions": None},
+        {"state": {"not": "text"}},
+        {"state": LONE},
+        {"template_kwargs": {"messages": object()}},
+    ):
+        bad = _tampered(good, **fields)
+        c.refused(c.ref, bad)
+        c.ref.tell(bad)
+    decision = decide(c.ref, "A state.", questions, timeout=30)
+    assert set(decision.answers) == {"q"}
+    c.serves(c.ref)

@@ -24,7 +24,7 @@ import llama_cpp as _lc
 from actors.backend._llama._chat import LlamaChat
 from actors.backend._llama._context import LlamaKv, LlamaRows
 from actors.backend._llama._sampling import LlamaSampling
-from actors.backend._llama._vocab import LlamaVocab
+from actors.backend._llama._vocab import LlamaVocab, file_identity
 from actors.backend._options import BackendOptions
 from actors.backend._readers import Readers
 from actors.contract import ConfigError, ModelLoadError
@@ -208,7 +208,8 @@ class LlamaBackend:
         # they are done, so the vocabulary is never freed under them.
         try:  # a template that does not compile, say: the model and context are freed
             self._readers = Readers()
-            self.vocab = LlamaVocab(vocab_handle, self._readers, lambda: bool(self._model))
+            identity = file_identity(options.model_path)
+            self.vocab = LlamaVocab(vocab_handle, self._readers, lambda: bool(self._model), identity)
             self.kv = LlamaKv(self._ctx)
             self.rows = LlamaRows(self._ctx, self.kv, self.n_batch, self.vocab.n_vocab, self.n_embd)
             self.sampling = LlamaSampling(self.vocab, self.rows.row_logits, self.n_ctx)
