@@ -84,7 +84,7 @@ CLIENTS = (
         "chat: tool_choice auto, none, required and a named function, each a round trip; parallel "
         "calls; streamed tool calls reassembled; Responses: create, stream, a function_call round "
         "trip, a streamed call; chat.completions.parse (pydantic_function_tool, response_format), "
-        "responses.parse",
+        "responses.parse; decisions.create (predicate, choice, score), text and message items",
     ),
     Client(
         "anthropic",
@@ -100,7 +100,8 @@ CLIENTS = (
         "langchain-openai",
         "ChatOpenAI.bind_tools with tool_choice required and by name: invoke, run the tool, "
         "a ToolMessage back, final invoke; a streamed tool call; the round trip with "
-        "use_responses_api; with_structured_output (json_schema, function_calling)",
+        "use_responses_api; with_structured_output (json_schema, function_calling); "
+        "OpenAIDecisions and OpenAIClassifier (predicate/noul, choice, score)",
     ),
     Client(
         "pydantic-ai",
@@ -108,7 +109,8 @@ CLIENTS = (
         "pydantic-ai-slim",
         "Agent with a tool on OpenAIChatModel + OpenAICompatibleProvider, run to completion; "
         "output_type a pydantic model (the default tool output), a nested one, after a tool; "
-        "run_stream_sync with text and with a structured output",
+        "run_stream_sync with text and with a structured output; SystemOneModel and "
+        "OpenAIDecisionsModel decide (noul, choice, score)",
     ),
     Client(
         "instructor",

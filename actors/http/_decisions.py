@@ -8,7 +8,8 @@
   ``choice``, ``score``, each optionally named); ``answers`` in the same order,
   ``usage`` with its details.
 
-Every answer also carries ``option_mass`` (see :class:`actors.Answer`). Nothing is
+Every answer also carries ``option_mass`` (see :class:`actors.Answer`); numbers are
+rounded to 6 decimals. Nothing is
 refused as a ``refusal`` answer: a question this model cannot answer (a label that is
 not one token, a thinking template, a state past the context, too many options) is a
 400 that names why, as every other malformed request is.
@@ -76,22 +77,31 @@ def _systemone_parts(body: Mapping[str, Any]) -> tuple[Any, Any]:
 def _systemone_answer(answer: Answer, legend: tuple[Any, ...]) -> dict[str, Any]:
     """An answer in Jev's shape; a score's ``legend`` echoes its levels as given."""
     if answer.type == "noul":  # the probability it holds is the answer
-        return {"type": "noul", "noul": answer.noul, "option_mass": answer.option_mass}
+        return {"type": "noul", "noul": _wire(answer.noul), "option_mass": _wire(answer.option_mass)}
     out: dict[str, Any] = {"type": answer.type}
     if answer.type == "choice":
         out["choice"] = answer.choice
     else:
-        out["score"] = answer.score
+        out["score"] = _wire(answer.score)
         out["legend"] = {str(i): level for i, level in enumerate(legend)}
-    out["probabilities"] = dict(answer.probabilities)
+    out["probabilities"] = {key: _wire(p) for key, p in answer.probabilities.items()}
     return _with_measures(out, answer)
 
 
 def _with_measures(out: dict[str, Any], answer: Answer) -> dict[str, Any]:
     """``out`` with the answer's ``confidence`` and ``option_mass``."""
-    out["confidence"] = answer.confidence
-    out["option_mass"] = answer.option_mass
+    out["confidence"] = _wire(answer.confidence)
+    out["option_mass"] = _wire(answer.option_mass)
     return out
+
+
+def _wire(value: float | None) -> float:
+    """A number as the wire carries it: 6 decimals. Clients check that a score is what
+    the probabilities shown give and that they sum to 1 within the digits shown
+    (pydantic-ai's does, with no other tolerance): 17 digits leave no room for the
+    float error of the sums, 6 do. ``actors.Answer`` keeps the unrounded values."""
+    assert value is not None
+    return round(value, 6)
 
 
 async def systemone(request: Request) -> Response:
@@ -226,20 +236,21 @@ def _decisions_parts(body: Mapping[str, Any]) -> tuple[Any, Any]:
 def _openai_answer(answer: Answer, question: Mapping[str, Any]) -> dict[str, Any]:
     name = question.get("name") if isinstance(question.get("name"), str) else None
     if answer.type == "noul":
-        mass = answer.option_mass
-        return {"type": "predicate", "name": name, "probability": answer.noul, "option_mass": mass}
+        mass = _wire(answer.option_mass)
+        return {"type": "predicate", "name": name, "probability": _wire(answer.noul), "option_mass": mass}
     out: dict[str, Any] = {"type": answer.type, "name": name}
     if answer.type == "choice":
         values = [c["value"] for c in question["choices"]]
         out["choice"] = values[list(answer.probabilities).index(str(answer.choice))]
         out["probabilities"] = [
-            {"value": v, "probability": p} for v, p in zip(values, answer.probabilities.values(), strict=True)
+            {"value": v, "probability": _wire(p)}
+            for v, p in zip(values, answer.probabilities.values(), strict=True)
         ]
     else:
         labels = [level["label"] for level in question["levels"]]
-        out["score"] = answer.score
+        out["score"] = _wire(answer.score)
         out["probabilities"] = [
-            {"value": i, "label": label, "probability": p}
+            {"value": i, "label": label, "probability": _wire(p)}
             for i, (label, p) in enumerate(zip(labels, answer.probabilities.values(), strict=True))
         ]
     return _with_measures(out, answer)

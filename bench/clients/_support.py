@@ -4,6 +4,10 @@
 id (``CLIENT_MODEL``) and where to write the steps (``CLIENT_RESULT``). A script runs
 each step in ``with steps.step(name):``; a step that raises is recorded as failed and the
 next one runs. ``steps.finish()`` writes the result and exits 0 when every step passed.
+
+The decisions steps all ask the same three questions about ``DECISION_STATE``: a yes/no
+(``REFUND_ASK``), a choice among ``TEAMS`` and a score on the levels ``MOODS``, and check
+with ``check_distribution`` only that the client parsed the answers.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sys
 import time
 import traceback
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
 BASE_URL = os.environ.get("CLIENT_BASE_URL", "http://127.0.0.1:8080")
@@ -29,6 +33,18 @@ WEATHER_SCHEMA: dict[str, Any] = {
 }
 
 
+DECISION_STATE = "Customer: I was charged twice for my order and nobody answers my emails. Fix it today."
+REFUND_ASK = "Does the customer ask for money back?"
+TEAM_ASK = "Which team should handle this message?"
+TEAMS = {
+    "billing": "payments, invoices and refunds",
+    "technical": "bugs and errors in the product",
+    "other": "anything else",
+}
+MOOD_ASK = "How upset is the customer?"
+MOODS = ["calm", "annoyed", "angry"]
+
+
 def get_weather(location: str) -> str:
     """The tool every script offers the model."""
     return f"{TOOL_RESULT} in {location}."
@@ -38,6 +54,19 @@ def check(condition: object, message: str) -> None:
     """An assertion that survives ``python -O`` and says what was wrong."""
     if not condition:
         raise AssertionError(message)
+
+
+def probability(value: object) -> bool:
+    """Whether ``value`` is a number from 0 to 1 (not a bool, not NaN)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+
+
+def check_distribution(probabilities: Mapping[Any, Any], keys: Iterable[Any], what: str) -> None:
+    """A parsed distribution has exactly ``keys``, each a probability (the sum is the
+    server's business, not the parse's)."""
+    wanted = set(keys)
+    check(set(probabilities) == wanted, f"{what}: keys {set(probabilities)!r}, not {wanted!r}")
+    check(all(probability(p) for p in probabilities.values()), f"{what}: {dict(probabilities)!r}")
 
 
 def _mark(name: str) -> None:

@@ -1,6 +1,9 @@
 """``langchain-openai``'s ChatOpenAI: bind_tools with tool_choice required and by name,
 invoke, run the tool, a ToolMessage back, a final invoke; a streamed tool call; the same
 round trip on the Responses API (``use_responses_api=True``); with_structured_output.
+Then the Decisions API (``POST /v1/decisions``), a yes/no, a choice and a score: the
+native ``OpenAIDecisions`` on text, and ``OpenAIClassifier`` (langchain-core's
+``BaseDecisionModel``) on a JSON object state, sent as an ``input_json`` part.
 
 The final invoke is the model without tools: after a tool result the 135M model, offered
 the tool again, calls it again rather than answering.
@@ -10,10 +13,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from _support import BASE_URL, MODEL, QUESTION, Steps, check, get_weather
+from _support import (
+    BASE_URL,
+    DECISION_STATE,
+    MODEL,
+    MOOD_ASK,
+    MOODS,
+    QUESTION,
+    REFUND_ASK,
+    TEAM_ASK,
+    TEAMS,
+    Steps,
+    check,
+    check_distribution,
+    get_weather,
+    probability,
+)
+from langchain_core import decisions as core_decisions
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from langchain_openai.decisions import Choice, OpenAIClassifier, OpenAIDecisions, Predicate, Score
 from pydantic import BaseModel, Field
 
 
@@ -95,5 +115,50 @@ with steps.step("with_structured_output (function_calling)"):
     )
     check(isinstance(report, Weather), f"{report!r}")
     steps.note(f"{report!r}")
+
+with steps.step("OpenAIDecisions.invoke (predicate, choice, score)"):
+    decisions = OpenAIDecisions(model=MODEL, base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0)
+    decided = decisions.invoke(
+        {
+            "input": DECISION_STATE,
+            "questions": {
+                "refund": Predicate(instructions=REFUND_ASK),
+                "team": Choice(instructions=TEAM_ASK, choices=dict(TEAMS)),
+                "mood": Score(instructions=MOOD_ASK, levels=list(MOODS)),
+            },
+        }
+    )
+    check(list(decided.answers) == ["refund", "team", "mood"] and not decided.refusals, f"{decided!r}")
+    refund, team, mood = decided.predicates["refund"], decided.choices["team"], decided.scores["mood"]
+    check(probability(refund.probability), f"{refund!r}")
+    check(team.choice in TEAMS and probability(team.confidence), f"{team!r}")
+    check_distribution(team.probabilities, TEAMS, "choice")
+    check(0 <= mood.score <= len(MOODS) - 1 and probability(mood.confidence), f"{mood!r}")
+    check(mood.legend == dict(enumerate(MOODS)), f"legend {mood.legend!r}")
+    check_distribution(mood.probabilities, range(len(MOODS)), "score")
+    check((decided.usage.input_tokens or 0) > 0, f"usage {decided.usage!r}")
+    steps.note(f"refund {refund.probability:.2f}, team {team.choice!r}, mood {mood.score:.2f}")
+
+with steps.step("OpenAIClassifier.invoke (noul, choice, score), a JSON state"):
+    classifier = OpenAIClassifier(model=MODEL, base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0)
+    classified = classifier.invoke(
+        {
+            "state": {"channel": "email", "message": DECISION_STATE},
+            "questions": {
+                "refund": core_decisions.Noul(instructions=REFUND_ASK),
+                "team": core_decisions.Choice(instructions=TEAM_ASK, criteria=dict(TEAMS)),
+                "mood": core_decisions.Score(instructions=MOOD_ASK, criteria=list(MOODS)),
+            },
+        }
+    )
+    check(list(classified.answers) == ["refund", "team", "mood"], f"{classified!r}")
+    noul, picked, scored = classified.nouls["refund"], classified.choices["team"], classified.scores["mood"]
+    check(probability(noul.noul), f"{noul!r}")
+    check(picked.choice in TEAMS and probability(picked.confidence), f"{picked!r}")
+    check_distribution(picked.probabilities, TEAMS, "choice")
+    check(0 <= scored.score <= len(MOODS) - 1 and probability(scored.confidence), f"{scored!r}")
+    check_distribution(scored.probabilities, range(len(MOODS)), "score")
+    check(classified.usage is not None and classified.usage["input_tokens"] > 0, f"{classified.usage!r}")
+    steps.note(f"refund {noul.noul:.2f}, team {picked.choice!r}, mood {scored.score:.2f}")
 
 steps.finish()

@@ -1,5 +1,6 @@
-"""The ``openai`` SDK: chat completions with tools (each ``tool_choice``, streamed calls)
-and the Responses API (create, stream, a function_call round trip, a streamed call).
+"""The ``openai`` SDK: chat completions with tools (each ``tool_choice``, streamed calls),
+the Responses API (create, stream, a function_call round trip, a streamed call) and
+``decisions.create`` (a predicate, a choice and a score; text input, then message items).
 
 The final turn of each round trip asks with ``tool_choice="none"``: after a tool result
 the 135M model, offered the tool again, calls it again rather than answering.
@@ -11,7 +12,29 @@ import json
 from typing import Any
 
 import openai
-from _support import BASE_URL, MODEL, QUESTION, WEATHER_SCHEMA, Steps, check, get_weather
+from _support import (
+    BASE_URL,
+    DECISION_STATE,
+    MODEL,
+    MOOD_ASK,
+    MOODS,
+    QUESTION,
+    REFUND_ASK,
+    TEAM_ASK,
+    TEAMS,
+    WEATHER_SCHEMA,
+    Steps,
+    check,
+    check_distribution,
+    get_weather,
+    probability,
+)
+from openai.types import Decision
+from openai.types.decision import (
+    AnswerAnswerResourceChoice,
+    AnswerAnswerResourcePredicate,
+    AnswerAnswerResourceScore,
+)
 from pydantic import BaseModel
 
 client = openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="x", max_retries=0)
@@ -31,6 +54,16 @@ RESPONSES_TOOL: Any = {
     "strict": False,
 }
 ASK: list[Any] = [{"role": "user", "content": QUESTION}]
+DECISION_QUESTIONS: list[Any] = [
+    {"type": "predicate", "name": "refund", "instructions": REFUND_ASK},
+    {
+        "type": "choice",
+        "name": "team",
+        "instructions": TEAM_ASK,
+        "choices": [{"value": value, "description": meaning} for value, meaning in TEAMS.items()],
+    },
+    {"type": "score", "name": "mood", "instructions": MOOD_ASK, "levels": [{"label": m} for m in MOODS]},
+]
 
 
 class GetWeather(BaseModel):
@@ -45,6 +78,27 @@ class Report(BaseModel):
 
 
 steps = Steps()
+
+
+def check_decision(decision: Decision) -> None:
+    """The SDK parsed one answer per question, in order, of the question's type."""
+    check(isinstance(decision, Decision), f"{decision!r}")
+    check([a.name for a in decision.answers] == ["refund", "team", "mood"], f"{decision.answers}")
+    refund, team, mood = decision.answers
+    check(isinstance(refund, AnswerAnswerResourcePredicate) and probability(refund.probability), f"{refund}")
+    check(isinstance(team, AnswerAnswerResourceChoice) and team.choice in TEAMS, f"{team}")
+    check(probability(team.confidence), f"{team}")
+    check_distribution({p.value: p.probability for p in team.probabilities}, TEAMS, "choice")
+    check(isinstance(mood, AnswerAnswerResourceScore) and 0 <= mood.score <= len(MOODS) - 1, f"{mood}")
+    check(probability(mood.confidence) and [p.label for p in mood.probabilities] == MOODS, f"{mood}")
+    check_distribution({p.value: p.probability for p in mood.probabilities}, range(len(MOODS)), "score")
+    usage = decision.usage
+    check(usage.input_tokens > 0 and usage.input_tokens_details.cached_tokens >= 0, f"{usage}")
+    check(usage.output_tokens_details.reasoning_tokens == 0 and usage.total_tokens >= 0, f"{usage}")
+    steps.note(
+        f"refund {refund.probability:.2f}, team {team.choice!r}, mood {mood.score:.2f}, "
+        f"{usage.input_tokens} input tokens"
+    )
 
 
 def run_call(name: str, arguments: str) -> str:
@@ -242,5 +296,18 @@ with steps.step("responses.parse, text_format a pydantic model"):
         max_output_tokens=100,
     )
     check(isinstance(parsed_response.output_parsed, Report), f"{parsed_response.output}")
+
+with steps.step("decisions.create (predicate, choice, score)"):
+    check_decision(client.decisions.create(model=MODEL, input=DECISION_STATE, questions=DECISION_QUESTIONS))
+
+with steps.step("decisions.create, message items, the body validated strictly"):
+    raw = client.decisions.with_raw_response.create(
+        model=MODEL,
+        input=[{"role": "user", "content": [{"type": "input_text", "text": DECISION_STATE}]}],
+        questions=DECISION_QUESTIONS,
+    )
+    check_decision(raw.parse())
+    # What pydantic-ai does with the body, as the SDK builds its models without validating.
+    check_decision(Decision.model_validate(json.loads(raw.content), strict=True))
 
 steps.finish()

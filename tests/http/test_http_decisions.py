@@ -63,10 +63,17 @@ def test_systemone_answers_in_its_shape(running: Running) -> None:
     for answer in (choice, score):
         assert math.fsum(answer["probabilities"].values()) == pytest.approx(1.0)
         assert 0.0 <= answer["confidence"] <= 1.0 and 0.0 < answer["option_mass"] <= 1.0
-    # The same numbers as the library's, for the same request.
+    # The same numbers as the library's, for the same request, to the wire's 6 decimals.
     local = decide(running.engine, STATE, SYSTEMONE, timeout=120)
-    assert choice["probabilities"] == dict(local.answers["intent"].probabilities)
-    assert noul["noul"] == local.answers["is_billing"].noul
+    assert choice["probabilities"] == {
+        k: round(p, 6) for k, p in local.answers["intent"].probabilities.items()
+    }
+    assert noul["noul"] == round(local.answers["is_billing"].noul or 0.0, 6)
+    # What a strict client checks (pydantic-ai's): the score is what the probabilities
+    # shown give, and they sum to 1, within the digits shown.
+    probabilities = [score["probabilities"][str(i)] for i in range(3)]
+    assert abs(math.fsum(probabilities) - 1.0) <= 3 * 5e-7
+    assert abs(score["score"] - sum(i * p for i, p in enumerate(probabilities))) <= 4 * 5e-7
 
 
 def test_decisions_through_the_openai_sdk(running: Running) -> None:
