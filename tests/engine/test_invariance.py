@@ -84,7 +84,7 @@ def test_the_stock_kernel_reproduces_the_bug(model_path: str) -> None:
 
 
 def test_beside_other_requests(start_server: StartServer, floor: float) -> None:
-    refs = greedy_references(start_server, PROMPTS, N)
+    refs = greedy_references(start_server, PROMPTS, N, alone=True)
     server = start_server(n_parallel=4, n_ctx=4096)
     # Different lengths at once: prefill chunks beside decode rows, batches of every size.
     futures = [server.ask(greedy(p)) for p in PROMPTS]
@@ -93,7 +93,7 @@ def test_beside_other_requests(start_server: StartServer, floor: float) -> None:
 
 
 def test_from_its_own_slots_cache_and_another_slots_cells(start_server: StartServer, floor: float) -> None:
-    refs = greedy_references(start_server, PROMPTS[:2], N)
+    refs = greedy_references(start_server, PROMPTS[:2], N, alone=True)
     server = start_server(n_parallel=2, n_ctx=4096)
     first = server.ask(greedy(PROMPTS[0])).get(timeout=240)
     same_numbers(refs[0], first)
@@ -112,7 +112,7 @@ def test_from_its_own_slots_cache_and_another_slots_cells(start_server: StartSer
 
 
 def test_restored_from_the_ram_cache(start_server: StartServer, floor: float) -> None:
-    refs = greedy_references(start_server, PROMPTS[:3], N)
+    refs = greedy_references(start_server, PROMPTS[:3], N, alone=True)
     recorder = Recorder()
     server = start_server(n_parallel=1, n_ctx=4096, prompt_cache_ram_mb=64)
     for p in PROMPTS[:3]:  # each history leaves the one slot for the RAM cache
@@ -124,7 +124,7 @@ def test_restored_from_the_ram_cache(start_server: StartServer, floor: float) ->
 
 
 def test_every_choice_of_n(start_server: StartServer, floor: float) -> None:
-    [ref] = greedy_references(start_server, PROMPTS[2:3], N)
+    [ref] = greedy_references(start_server, PROMPTS[2:3], N, alone=True)
     server = start_server(n_parallel=4, n_ctx=4096)
     choices = server.ask(greedy(PROMPTS[2], n=3)).get(timeout=240)
     assert len(choices) == 3
@@ -137,7 +137,7 @@ def test_through_speculative_verification(start_server: StartServer, floor: floa
     grounded = [
         f"Repeat exactly: {' '.join(f'item{i}{j}' for j in range(12))}. Again: item{i}0" for i in range(3)
     ]
-    refs = greedy_references(start_server, grounded, N)
+    refs = greedy_references(start_server, grounded, N, alone=True)
     server = start_server(n_parallel=4, n_ctx=4096, spec_type="ngram", batch_strategy=AllDrafts())
     got = [f.get(timeout=240) for f in [server.ask(greedy(p)) for p in grounded]]
     assert sum(c.draft_accepted for c in got) > 0
@@ -153,7 +153,7 @@ def test_through_speculative_verification(start_server: StartServer, floor: floa
 def test_after_preemption(start_server: StartServer, floor: float, ram_mb: int) -> None:
     prompts = [f"List {i}: apples, pears," for i in range(4)]
     n = 128  # 4 x 137 positions do not fit in 512 cells
-    refs = greedy_references(start_server, prompts, n)
+    refs = greedy_references(start_server, prompts, n, alone=True)
     recorder = Recorder()
     tight = start_server(n_parallel=4, n_ctx=512, n_ctx_per_slot=512, prompt_cache_ram_mb=ram_mb)
     futures = [tight.ask(Generate(p, max_tokens=n, temp=0, logprobs=2, logit_bias=NO_EOG)) for p in prompts]
