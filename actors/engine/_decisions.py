@@ -120,7 +120,7 @@ def prepare_decision(backend: Backend, message: Decide, limit: int) -> PreparedD
 
     Raises:
         InvalidRequest: a label is not one token of this model, two labels are the same
-            token, or the template opens a thinking block before the answer.
+            token, or the template leaves the model thinking where the answer is read.
         PromptTooLong: the state, or a question with it, does not fit a slot's context.
     """
     try:
