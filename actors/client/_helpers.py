@@ -184,8 +184,9 @@ def chat(
 def _complete(
     ref: EngineHandle, message: AskedMessage, timeout: float | None, what: str = "completion"
 ) -> Any:
-    """Admit ``message`` and wait for its outcome (a Completion, its tuple, or an
-    Embed's Embeddings), watching the actor; cancel it when ``timeout`` passes."""
+    """Admit ``message`` and wait for its outcome (a Completion, its tuple, an Embed's
+    Embeddings, a Decide's Decision), watching the actor; cancel it when ``timeout``
+    passes."""
     deadline = _deadline(timeout)
     target = _target(ref, deadline)
     timed_out = f"no {what} within {timeout} s; request cancelled"

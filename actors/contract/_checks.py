@@ -115,6 +115,22 @@ def checked_text(name: str, value: object, max_length: int) -> str:
     return text
 
 
+def checked_request_id(value: object) -> str:
+    """A ``request_id``: a non-empty plain ``str`` of at most ``MAX_ID_LENGTH`` characters."""
+    request_id = checked_text("request_id", value, MAX_ID_LENGTH)
+    _require(request_id != "", "request_id must be a non-empty str")
+    return request_id
+
+
+def checked_deadline(value: object) -> float | None:
+    """A ``deadline_s``: None, or a finite number of seconds > 0 (as a float)."""
+    if value is None:
+        return None
+    deadline_s = _checked_float("deadline_s", value)
+    _require(deadline_s > 0, f"deadline_s must be a number of seconds > 0, got {_show(value)}")
+    return deadline_s
+
+
 def _any_piece(piece: str) -> bool:
     return True
 

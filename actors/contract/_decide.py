@@ -36,10 +36,11 @@ from typing import Any, Literal
 from actors.contract._checks import (
     MAX_ID_LENGTH,
     MAX_PROMPT_CHARS,
-    _checked_float,
     _depth,
     _require,
     _show,
+    checked_deadline,
+    checked_request_id,
     checked_template_kwargs,
     checked_text,
     is_int,
@@ -79,14 +80,22 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+def _json_text(name: str, value: Mapping[str, Any] | list[Any] | tuple[Any, ...]) -> str:
+    """A JSON object or list as the compact JSON text the model reads."""
+    _require(
+        _depth(value, MAX_STATE_DEPTH) <= MAX_STATE_DEPTH,
+        f"{name} nests deeper than {MAX_STATE_DEPTH} levels",
+    )
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:  # a key or value JSON has no form for, NaN...
+        raise InvalidRequest(f"{name} is not JSON: {e}") from None
+
+
 def _text(name: str, value: object, budget: list[int]) -> str:
     """A question's text: a string as it is, a JSON object or list as compact JSON."""
     if isinstance(value, Mapping | list | tuple):
-        _require(_depth(value, MAX_STATE_DEPTH) <= MAX_STATE_DEPTH, f"{name} nests too deeply")
-        try:
-            value = json.dumps(value, ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise InvalidRequest(f"{name} is not JSON: {e}") from None
+        value = _json_text(name, value)
     text = checked_text(name, value, MAX_QUESTION_CHARS)
     budget[0] -= len(text)
     _require(budget[0] >= 0, f"a question's texts may have at most {MAX_QUESTION_CHARS} characters in all")
@@ -228,14 +237,7 @@ def _state(state: object) -> str:
         f"state must be text or a JSON object or list, got {type(state).__name__}",
     )
     assert isinstance(state, Mapping | list | tuple)
-    _require(
-        _depth(state, MAX_STATE_DEPTH) <= MAX_STATE_DEPTH, f"state nests deeper than {MAX_STATE_DEPTH} levels"
-    )
-    try:
-        text = json.dumps(state, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:  # a key or value JSON has no form for, NaN...
-        raise InvalidRequest(f"state is not JSON: {e}") from None
-    return checked_text("state", text, MAX_PROMPT_CHARS)
+    return checked_text("state", _json_text("state", state), MAX_PROMPT_CHARS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,8 +281,7 @@ class Decide:
             checked[name] = Question.of(value, f"questions[{name!r}]")
         object.__setattr__(self, "questions", MappingProxyType(checked))
         object.__setattr__(self, "state", _state(self.state))
-        object.__setattr__(self, "request_id", checked_text("request_id", self.request_id, MAX_ID_LENGTH))
-        _require(self.request_id != "", "request_id must be a non-empty str")
+        object.__setattr__(self, "request_id", checked_request_id(self.request_id))
         for name in ("model", "cache_scope"):
             value = getattr(self, name)
             if value is not None:
@@ -292,12 +293,7 @@ class Decide:
             is_int(self.priority) and abs(self.priority) < 2**63,
             f"priority must be an int, got {_show(self.priority)}",
         )
-        if self.deadline_s is not None:
-            deadline_s = _checked_float("deadline_s", self.deadline_s)
-            _require(
-                deadline_s > 0, f"deadline_s must be a number of seconds > 0, got {_show(self.deadline_s)}"
-            )
-            object.__setattr__(self, "deadline_s", deadline_s)
+        object.__setattr__(self, "deadline_s", checked_deadline(self.deadline_s))
         _require(isinstance(self.cache_prompt, bool), "cache_prompt must be a bool")
 
     # What routing reads of every request (a ServerPool's router, the engine's table).

@@ -21,9 +21,10 @@ from actors.contract._checks import (
     MAX_ID_LENGTH,
     MAX_PROMPT_CHARS,
     MAX_PROMPT_TOKENS,
-    _checked_float,
     _require,
     _show,
+    checked_deadline,
+    checked_request_id,
     checked_text,
     checked_tokens,
 )
@@ -108,14 +109,8 @@ class Embed:
         _require(isinstance(self.normalize, bool), f"normalize must be a bool, got {_show(self.normalize)}")
         if self.model is not None:
             object.__setattr__(self, "model", checked_text("model", self.model, MAX_ID_LENGTH))
-        object.__setattr__(self, "request_id", checked_text("request_id", self.request_id, MAX_ID_LENGTH))
-        _require(self.request_id != "", "request_id must be a non-empty str")
-        if self.deadline_s is not None:
-            deadline_s = _checked_float("deadline_s", self.deadline_s)
-            _require(
-                deadline_s > 0, f"deadline_s must be a number of seconds > 0, got {_show(self.deadline_s)}"
-            )
-            object.__setattr__(self, "deadline_s", deadline_s)
+        object.__setattr__(self, "request_id", checked_request_id(self.request_id))
+        object.__setattr__(self, "deadline_s", checked_deadline(self.deadline_s))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable (a ServerPool's Ray replicas): rebuilt, and checked again, over there.

@@ -24,11 +24,12 @@ from actors.contract._checks import (
     _check_prompt,
     _check_reply_to,
     _checked_bias,
-    _checked_float,
     _checked_sampling,
     _checked_schema,
     _require,
     _show,
+    checked_deadline,
+    checked_request_id,
     checked_template_kwargs,
     checked_text,
     checked_tokens,
@@ -114,8 +115,7 @@ class _RequestMessage:
             is_int(self.max_tokens) and self.max_tokens >= 1,
             f"max_tokens must be an int >= 1, got {_show(self.max_tokens)}",
         )
-        self._set("request_id", checked_text("request_id", self.request_id, MAX_ID_LENGTH))
-        _require(self.request_id != "", "request_id must be a non-empty str")
+        self._set("request_id", checked_request_id(self.request_id))
         for f in fields(SamplingParams):
             self._set(f.name, _checked_sampling(f.name, getattr(self, f.name)))
         if self.logit_bias is not None:
@@ -154,12 +154,7 @@ class _RequestMessage:
         _require(self.model != "", "model must be a non-empty str (a model's name) or None")
         _require(isinstance(self.truncate, bool), "truncate must be a bool")
         _require(isinstance(self.speculate, bool), f"speculate must be a bool, got {_show(self.speculate)}")
-        if self.deadline_s is not None:
-            deadline_s = _checked_float("deadline_s", self.deadline_s)
-            _require(
-                deadline_s > 0, f"deadline_s must be a number of seconds > 0, got {_show(self.deadline_s)}"
-            )
-            self._set("deadline_s", deadline_s)
+        self._set("deadline_s", checked_deadline(self.deadline_s))
         _require(is_int(self.priority), f"priority must be an int, got {_show(self.priority)}")
         _require(is_int(self.n_keep) and self.n_keep >= 0, "n_keep must be an int >= 0")
         for name in ("max_tokens", "min_tokens", "n_keep", "priority"):

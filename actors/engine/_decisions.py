@@ -71,7 +71,7 @@ def _spellings(question: Question) -> tuple[tuple[str, ...], ...]:
     (a model answers a yes/no question capitalized as often as not: both are the
     answer); a letter or a digit as itself."""
     if question.type == "noul":
-        return (("yes", "Yes"), ("no", "No"))
+        return tuple((label, label.capitalize()) for label in labels(question))
     return tuple((label,) for label in labels(question))
 
 

@@ -28,7 +28,8 @@ __all__ = ["Choices", "Request", "Slot", "common_prefix_len", "running_choices"]
 
 @dataclass(slots=True, eq=False)
 class Choices:
-    """The ``n`` choices of one request (``n`` > 1): one outcome each, one future for all."""
+    """Requests that answer as one: the ``n`` choices of one request (``n`` > 1), or a
+    decision's leader and questions; one outcome each, one future for all."""
 
     requests: list[Request]
     future: pykka.ThreadingFuture[object] | None

@@ -32,14 +32,16 @@ from actors.http._access import access_of
 from actors.http._errors import HttpError
 from actors.http._native import json_response
 from actors.http._params import echoed_model
-from actors.http._service import routed
+from actors.http._service import Service, routed
 
 __all__ = ["decisions", "systemone"]
 
 
-async def _decide(request: Request, build: Callable[[Mapping[str, Any]], tuple[Any, Any]]) -> Decision:
+async def _decide(
+    request: Request, build: Callable[[Mapping[str, Any]], tuple[Any, Any]]
+) -> tuple[Service, Decision]:
     """Check the body, make its ``Decide`` (``build`` gives its state and questions) in
-    a work thread, and await the ``Decision``."""
+    a work thread, and await the ``Decision``; the service that answered it too."""
     service = await routed(request)
     body = request.state.json
     if not isinstance(body, Mapping):
@@ -59,7 +61,7 @@ async def _decide(request: Request, build: Callable[[Mapping[str, Any]], tuple[A
     decision = await adecide_result(service.handle(), message)
     if access is not None:
         access.prompt_tokens = decision.prompt_tokens
-    return decision
+    return service, decision
 
 
 # -- System One ---------------------------------------------------------------------
@@ -106,9 +108,8 @@ def _wire(value: float | None) -> float:
 
 async def systemone(request: Request) -> Response:
     """``POST /v1/systemone``: answers keyed by the questions' names."""
-    decision = await _decide(request, _systemone_parts)
+    service, decision = await _decide(request, _systemone_parts)
     body = request.state.json
-    service = await routed(request)
     questions = body["questions"]
     answers = {}
     for name, answer in decision.answers.items():
@@ -258,9 +259,8 @@ def _openai_answer(answer: Answer, question: Mapping[str, Any]) -> dict[str, Any
 
 async def decisions(request: Request) -> Response:
     """``POST /v1/decisions``: answers in the questions' order (OpenAI's shape)."""
-    decision = await _decide(request, _decisions_parts)
+    service, decision = await _decide(request, _decisions_parts)
     body = request.state.json
-    service = await routed(request)
     pairs = zip(decision.answers.values(), body["questions"], strict=True)
     answers = [_openai_answer(answer, question) for answer, question in pairs]
     n, cached = decision.prompt_tokens, decision.cached_tokens

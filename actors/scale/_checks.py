@@ -13,13 +13,8 @@ from typing import Any
 from actors.actor import MemoryEstimate, StartOptions
 from actors.contract import (
     MAX_ID_LENGTH,
-    STREAMING,
-    Chat,
+    AdmittedMessage,
     ConfigError,
-    Decide,
-    Embed,
-    Generate,
-    GenerateTokens,
     InvalidRequest,
     SamplingParams,
     Submit,
@@ -39,7 +34,7 @@ __all__ = [
 ]
 
 _MIB = 1 << 20
-_ROUTED = (Generate, GenerateTokens, Chat, *STREAMING, Embed, Decide, Submit)
+_ROUTED = AdmittedMessage | Submit
 _MAX_TIMEOUT_S = 1e6
 
 

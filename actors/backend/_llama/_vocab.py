@@ -169,8 +169,7 @@ class LlamaVocab:
         the markers a reply parser reads (engine thread)."""
         buf = ctypes.create_string_buffer(256)
         n = _lc.llama_token_to_piece(self.handle, token, buf, len(buf), 0, True)
-        piece: bytes = buf.raw[: max(n, 0)]
-        return piece
+        return buf.raw[: max(n, 0)]
 
     def special_token(self, text: str) -> int | None:
         """The special token spelled ``text``, if the vocabulary has one (any thread)."""
@@ -211,10 +210,10 @@ class LlamaVocab:
                     texts.setdefault(text, token)
         return texts
 
-    def _load_piece(self, token: int, buf: Any) -> bytes:
+    def _load_piece(self, token: int, buf: ctypes.Array[ctypes.c_char]) -> bytes:
+        """One piece, read into ``buf`` (one buffer for every piece of a load)."""
         n = _lc.llama_token_to_piece(self.handle, token, buf, len(buf), 0, False)
         if n < 0:  # a piece longer than the buffer: -n is the size it needs
             buf = ctypes.create_string_buffer(-n)
             n = _lc.llama_token_to_piece(self.handle, token, buf, len(buf), 0, False)
-        piece: bytes = buf.raw[: max(n, 0)]
-        return piece
+        return buf.raw[: max(n, 0)]
