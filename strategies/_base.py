@@ -18,8 +18,9 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
+from strategies._adapters import fair_adapters
 from strategies._drafts import add_drafts
-from strategies._types import BatchPlan, DecodeCost, EmbedBudget, SlotView
+from strategies._types import AdapterSet, BatchPlan, DecodeCost, EmbedBudget, SlotView
 
 __all__ = ["BatchStrategy"]
 
@@ -30,7 +31,13 @@ class BatchStrategy(abc.ABC):
     Subclass it and implement :meth:`build_batch`. It runs in the engine thread, once
     per tick, so keep it cheap; it must not mutate the views or keep state that
     changes its answer for the same input.
+
+    Attributes:
+        adapter_quantum: the most ticks in a row one LoRA adapter set keeps the batch
+            while another set's slots wait (see :meth:`choose_adapters`).
     """
+
+    adapter_quantum: int = 2
 
     @abc.abstractmethod
     def build_batch(
@@ -56,6 +63,24 @@ class BatchStrategy(abc.ABC):
             be planned here too (at most the view's ``draft_tokens``, with a decode),
             but the built-ins leave them to :meth:`plan_drafts`.
         """
+
+    def choose_adapters(
+        self, slots: Sequence[SlotView], *, current: AdapterSet | None, streak: int
+    ) -> AdapterSet:
+        """Which LoRA adapter set this tick serves (called only when the busy slots run
+        more than one; :meth:`build_batch` then sees only that set's slots).
+
+        Args:
+            slots: views of the busy slots.
+            current: the set the last tick served (None: none yet).
+            streak: how many ticks in a row ``current`` has been served.
+
+        Returns:
+            The ``adapters`` of one of the views; by default :func:`strategies.fair_adapters`
+            (the set served keeps the batch for ``adapter_quantum`` ticks while it has
+            work, then the set whose slot waited longest).
+        """
+        return fair_adapters(slots, current, streak, self.adapter_quantum)
 
     def plan_drafts(
         self, slots: Sequence[SlotView], plan: BatchPlan, budget: int, cost: DecodeCost

@@ -7,7 +7,12 @@ import enum
 import math
 from dataclasses import dataclass
 
-__all__ = ["BatchPlan", "DecodeCost", "EmbedBudget", "SlotPlan", "SlotState", "SlotView"]
+__all__ = ["AdapterSet", "BatchPlan", "DecodeCost", "EmbedBudget", "SlotPlan", "SlotState", "SlotView"]
+
+AdapterSet = tuple[tuple[int, float], ...]
+"""The LoRA adapters a request runs with: ``(adapter id, scale)`` pairs, ids ascending,
+no zero scale; ``()`` is the bare base model. llama.cpp applies one set to the whole
+context, so one batch serves one set."""
 
 
 class SlotState(enum.IntEnum):
@@ -33,6 +38,9 @@ class SlotView:
             token (0 without speculation, or when the drafter has none).
         draft_acceptance: the estimated chance that each next draft token is right,
             from the request's recent verifications (0 to 1).
+        adapters: the LoRA adapter set its request runs with (``()``: none).
+        waited_ticks: ticks since the slot was last in a batch (0: it was in the last
+            one), counted from when its request entered the slot.
     """
 
     seq_id: int
@@ -43,6 +51,8 @@ class SlotView:
     arrival: int
     draft_tokens: int = 0
     draft_acceptance: float = 0.0
+    adapters: AdapterSet = ()
+    waited_ticks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

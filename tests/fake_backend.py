@@ -7,6 +7,12 @@ they are in the fake KV cache. So a request's output depends only on what its se
 holds, as llama.cpp's does with the batch-invariant kernel: any cache path that keeps
 the books right gives the solo run's tokens, and one that does not shows.
 
+LoRA adapters change the model as llama.cpp's do: a row's logits are the base model's
+rolled by an amount that depends on every adapter set that computed the sequence's
+cells and the set in use (``adapted``), so KV reused across adapter sets, or a batch
+decoded under another request's set, shows as tokens that differ from the solo run
+(``solo(..., adapters=...)``).
+
 The KV cache is checked as llama.cpp would abort or misbehave: a batch over ``n_batch``,
 positions that do not follow on in a sequence, a copy onto positions the destination
 holds, a logits row that did not ask for logits, a sequence id past ``n_seq_max``. A
@@ -26,9 +32,22 @@ import numpy.typing as npt
 
 from actors.backend import DeadEnd
 from actors.chat import ReplySpec, TemplateInfo, ToolGrammar
-from actors.contract import Chat, InvalidRequest, SamplingParams, StreamChat
+from actors.contract import Chat, InvalidRequest, LoraAdapter, SamplingParams, StreamChat
 
-__all__ = ["EOG", "FakeBackend", "default_model", "solo"]
+__all__ = ["EOG", "FakeAdapters", "FakeBackend", "adapted", "default_model", "solo"]
+
+AdapterSet = tuple[tuple[int, float], ...]
+
+
+def adapted(logits: npt.NDArray[np.float32], sets: set[AdapterSet]) -> npt.NDArray[np.float32]:
+    """``logits`` as the adapter ``sets`` that computed a sequence (its cells' and the
+    one in use) make them: unchanged for the base model alone, else rolled by an amount
+    each distinct mix of sets gives its own."""
+    if sets <= {()}:
+        return logits
+    shift = sum(1 + 7 * i + round(scale * 1000) for s in sets for i, scale in s) + 3 * len(sets)
+    return np.roll(logits, shift % len(logits))
+
 
 EOG = 0
 Model = Callable[[Sequence[int]], npt.NDArray[np.float32]]
@@ -47,12 +66,13 @@ def default_model(n_vocab: int) -> Model:
     return model
 
 
-def solo(model: Model, prompt: Sequence[int], n: int) -> list[int]:
-    """The greedy continuation of ``prompt`` alone: what any cache path must give."""
+def solo(model: Model, prompt: Sequence[int], n: int, adapters: AdapterSet = ()) -> list[int]:
+    """The greedy continuation of ``prompt`` alone, with the adapter set ``adapters``:
+    what any cache path must give."""
     tokens = list(prompt)
     out: list[int] = []
     for _ in range(n):
-        token = int(np.argmax(model(tokens)))
+        token = int(np.argmax(adapted(model(tokens), {adapters})))
         if token == EOG:
             break
         out.append(token)
@@ -93,6 +113,7 @@ class FakeKv:
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.cells: dict[int, tuple[int, int, set[int]]] = {}  # cell -> (pos, token, seq ids)
+        self.cell_sets: dict[int, AdapterSet] = {}  # cell -> the adapter set that computed it
         self._next = 0
         self.copies = 0  # seq_cp calls: cells shared, none computed
 
@@ -109,10 +130,15 @@ class FakeKv:
         assert sorted(held) == list(range(len(held))), f"seq {seq_id}: a gap in its positions"
         return [held[p] for p in range(len(held))]
 
-    def add(self, seq_id: int, pos: int, token: int) -> bool:
+    def sets_of(self, seq_id: int) -> set[AdapterSet]:
+        """The adapter sets that computed the sequence's cells."""
+        return {self.cell_sets[cell] for cell, (_, _, seqs) in self.cells.items() if seq_id in seqs}
+
+    def add(self, seq_id: int, pos: int, token: int, adapters: AdapterSet = ()) -> bool:
         if self.used >= self.n_ctx:
             return False
         self.cells[self._next] = (pos, token, {seq_id})
+        self.cell_sets[self._next] = adapters
         self._next += 1
         return True
 
@@ -121,7 +147,7 @@ class FakeKv:
             if seq_id in seqs and p0 <= pos < p1:
                 seqs.discard(seq_id)
                 if not seqs:
-                    del self.cells[cell]
+                    del self.cells[cell], self.cell_sets[cell]
 
     def trim(self, seq_id: int, keep: int) -> bool:
         self._untag(seq_id, keep, 1 << 30)
@@ -153,24 +179,26 @@ class FakeKv:
                 self.cells[cell] = (pos - n_discard, token, seqs)
 
     def save(self, seq_id: int) -> bytes:
-        return pickle.dumps(self.tokens_of(seq_id))
+        cells = {pos: self.cell_sets[c] for c, (pos, _, seqs) in self.cells.items() if seq_id in seqs}
+        return pickle.dumps((self.tokens_of(seq_id), [cells[p] for p in range(len(cells))]))
 
     def restore(self, seq_id: int, state: bytes) -> bool:
         assert self.pos_max(seq_id) == -1, "a restore into a sequence that holds cells"
-        tokens = pickle.loads(state)
+        tokens, sets = pickle.loads(state)
         if self.n_ctx - self.used < len(tokens):
             return False
-        for pos, token in enumerate(tokens):
-            self.add(seq_id, pos, token)
+        for pos, (token, adapters) in enumerate(zip(tokens, sets, strict=True)):
+            self.add(seq_id, pos, token, adapters)
         return True
 
 
 class FakeRows:
     """The batch's columns and the forward pass over them (see the module's docstring)."""
 
-    def __init__(self, kv: FakeKv, n_batch: int, model: Model) -> None:
+    def __init__(self, kv: FakeKv, n_batch: int, model: Model, adapters: FakeAdapters) -> None:
         self._kv = kv
         self._model = model
+        self._adapters = adapters
         self.n_batch = n_batch
         self.tokens = np.zeros(n_batch, dtype=np.int32)
         self.pos = np.zeros(n_batch, dtype=np.int32)
@@ -196,11 +224,13 @@ class FakeRows:
             return 1  # no KV space: nothing written
         self.out = {}
         self.passes.append([(int(self.seq_ids[r]), int(self.tokens[r])) for r in rows])
+        current = self._adapters.current
         for row in rows:
             seq = int(self.seq_ids[row])
-            self._kv.add(seq, int(self.pos[row]), int(self.tokens[row]))
+            self._kv.add(seq, int(self.pos[row]), int(self.tokens[row]), current)
             if self.logits[row]:
-                self.out[row - start] = self._model(self._kv.tokens_of(seq))
+                logits = self._model(self._kv.tokens_of(seq))
+                self.out[row - start] = adapted(logits, self._kv.sets_of(seq) | {current})
         return 0
 
     def decode_embeddings(self, n_rows: int) -> tuple[int, npt.NDArray[np.float32] | None]:
@@ -287,6 +317,24 @@ class FakeSampling:
         raise InvalidRequest("the fake backend has no grammars")
 
 
+class FakeAdapters:
+    """Adapters by name (their files are never read), and the set in use."""
+
+    def __init__(self, names: Sequence[str] = (), scales: Sequence[float] | None = None) -> None:
+        given = scales if scales is not None else [1.0] * len(names)
+        self.loaded = tuple(LoraAdapter(f"/fake/{n}.gguf", s, n) for n, s in zip(names, given, strict=True))
+        self.current: AdapterSet = ()
+        self.n_switches = 0
+        self.used: list[AdapterSet] = []  # the set of each change, in order
+
+    def use(self, adapters: Sequence[tuple[int, float]]) -> None:
+        key = tuple(adapters)
+        assert all(0 <= i < len(self.loaded) and s != 0.0 for i, s in key), f"bad adapter set {key}"
+        if key != self.current:
+            self.current, self.n_switches = key, self.n_switches + 1
+            self.used.append(key)
+
+
 class FakeChat:
     """No chat template: chats are refused, as a model without one refuses them."""
 
@@ -309,6 +357,8 @@ class FakeBackend:
         n_seq_max: int = 4,
         n_vocab: int = 32,
         model: Model | None = None,
+        adapters: Sequence[str] = (),
+        adapter_scales: Sequence[float] | None = None,
     ) -> None:
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.n_ctx_train = 0
@@ -318,7 +368,8 @@ class FakeBackend:
         self.model = model or default_model(n_vocab)
         self.vocab = FakeVocab(n_vocab)
         self.kv = FakeKv(n_ctx, n_seq_max)
-        self.rows = FakeRows(self.kv, n_batch, self.model)
+        self.adapters = FakeAdapters(adapters, adapter_scales)
+        self.rows = FakeRows(self.kv, n_batch, self.model, self.adapters)
         self.sampling = FakeSampling(self.rows)
         self.chat = FakeChat()
         self.closed = False

@@ -34,7 +34,11 @@ def load_model(
         ModelLoadError: llama.cpp could not load the model or make the context.
     """
     backend = LlamaBackend(
-        options, on_progress=progress, chat_template=chat_template, chat_template_kwargs=chat_template_kwargs
+        options,
+        on_progress=progress,
+        chat_template=chat_template,
+        chat_template_kwargs=chat_template_kwargs,
+        lora=options.lora,
     )
     if default_grammar is not None:  # its <piece> tokens need the vocabulary
         try:
@@ -64,7 +68,8 @@ def load_draft(target: LlamaBackend, options: BackendOptions | None) -> LlamaBac
     """
     if options is None:
         return None
-    draft = LlamaBackend(options, draft=True)  # no chat template; no recurrent model
+    # No chat template, no recurrent model, no adapters (they adapt the target only).
+    draft = LlamaBackend(dataclasses.replace(options, lora=()), draft=True)
     differs = target.vocab.differs(draft.vocab)
     if differs is not None:
         draft.close()
@@ -92,6 +97,9 @@ def engine_info(
         "n_parallel": backend.n_seq_max,
         "n_batch": backend.n_batch,
         "n_threads": options.n_threads,
+        "lora": [
+            {"id": i, "name": a.name, "path": a.path, "scale": a.scale} for i, a in enumerate(options.lora)
+        ],
         # The sampling defaults a request's unset options take (grammar: whether one is set).
         "sampling": {
             f.name: getattr(defaults, f.name) if f.name != "grammar" else defaults.grammar is not None

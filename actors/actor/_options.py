@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,7 +61,7 @@ from actors.actor._option_values import (
 )
 from actors.actor._start_options import StartOptions
 from actors.backend import default_n_threads
-from actors.contract import ConfigError, suggesting
+from actors.contract import ConfigError, InvalidRequest, LoraAdapter, checked_adapters, suggesting
 from strategies import BatchStrategy, DecodeMaximal
 
 __all__ = ["OPTION_NAMES", "ServerOptions", "StartOptions", "check_options"]
@@ -122,6 +122,7 @@ class ServerOptions:
     draft_max: int = 16
     draft_model_path: str | os.PathLike[str] | None = None
     draft_p_min: float = 0.0
+    lora: Sequence[str | os.PathLike[str] | tuple[str | os.PathLike[str], float] | LoraAdapter] = ()
     checked: StartOptions = field(init=False, repr=False, compare=False)
     """The options checked, as plain values (``n_batch``, ``n_ubatch``, ``n_threads``
     and ``n_threads_batch`` resolved, the sampling defaults as ``SamplingParams``)."""
@@ -234,6 +235,10 @@ def _check(options: ServerOptions) -> StartOptions:
     draft_max: object = options.draft_max
     draft_model_path: object = options.draft_model_path
     draft_p_min: object = options.draft_p_min
+    try:
+        lora = checked_adapters(options.lora)
+    except InvalidRequest as e:
+        raise ConfigError(str(e)) from None
     n_parallel = _int("n_parallel", n_parallel, 1, MAX_N_PARALLEL, " (llama.cpp's LLAMA_MAX_SEQ)")
     # A slot needs a cell for a prompt token and one for the token it generates.
     n_ctx = _int("n_ctx", n_ctx, 2, MAX_N_CTX)
@@ -322,4 +327,5 @@ def _check(options: ServerOptions) -> StartOptions:
         draft_max=draft_max,
         draft_model_path=draft_path,
         draft_p_min=p_min,
+        lora=lora,
     )

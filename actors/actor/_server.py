@@ -23,7 +23,7 @@ from actors.actor._crashes import TickCrashed, crashes, live_servers
 from actors.actor._loading import engine_info, load_draft, load_model
 from actors.actor._options import ServerOptions
 from actors.actor._ref import TICK, EngineRef, _Admit, _Told
-from actors.backend import LlamaBackend, Tokenizer, resolve_model_path
+from actors.backend import LlamaBackend, Tokenizer, check_adapters, resolve_model_path
 from actors.contract import (
     STREAMING,
     AdmittedMessage,
@@ -37,10 +37,12 @@ from actors.contract import (
     EngineStopped,
     Failed,
     GetInfo,
+    GetLora,
     GetStats,
     GetTokenizer,
     InvalidRequest,
     RequestMessage,
+    SetLora,
     Submit,
 )
 from actors.engine import (
@@ -99,6 +101,8 @@ class ServerActor(pykka.ThreadingActor):
         self.actor_server_options = options
         checked = options.checked
         self.actor_options = checked.backend_options(resolve_model_path(checked.model_path))
+        # llama.cpp would read a bad adapter only to refuse it: refused here, at once.
+        check_adapters(self.actor_options.model_path, checked.lora)
         # The draft model (spec_type="draft"): the target's context options, its own file.
         self.actor_draft_options = (
             None
@@ -319,6 +323,10 @@ class ServerActor(pykka.ThreadingActor):
             return engine.stats()
         elif isinstance(message, GetInfo):
             return engine_info(self.actor_options, self.actor_config.defaults, self.actor_backend)
+        elif isinstance(message, GetLora):
+            return engine.lora()
+        elif isinstance(message, SetLora):
+            return engine.set_lora(message.scales)
         elif isinstance(message, GetTokenizer):
             assert self.actor_backend is not None
             return Tokenizer(self.actor_backend)

@@ -9,7 +9,7 @@ from typing import Any
 
 from actors.actor._option_values import _checked_path
 from actors.backend import BackendOptions
-from actors.contract import SamplingParams
+from actors.contract import LoraAdapter, SamplingParams
 from actors.engine import EngineConfig
 from strategies import BatchStrategy
 
@@ -54,6 +54,7 @@ class StartOptions:
     draft_model_path: str | None = None
     draft_p_min: float = 0.0
     cache_idle_slots: bool = True
+    lora: tuple[LoraAdapter, ...] = ()
 
     def backend_options(self, model_path: str) -> BackendOptions:
         """What the backend loads, for the resolved ``model_path`` (caller's thread)."""
@@ -71,6 +72,7 @@ class StartOptions:
             n_gpu_layers=self.n_gpu_layers,
             use_mmap=self.use_mmap,
             use_mlock=self.use_mlock,
+            lora=self.lora,
         )
 
     def engine_config(self) -> EngineConfig:

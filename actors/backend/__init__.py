@@ -11,9 +11,11 @@ from actors.backend._faults import faults
 from actors.backend._gguf import GgufHeader, read_gguf_header
 from actors.backend._greedy import DeadEnd
 from actors.backend._llama import LlamaBackend, SamplerChain, exact_attention
+from actors.backend._lora import check_adapter, check_adapters, default_scales, resolve_lora
 from actors.backend._model import default_model_path, resolve_model_path
 from actors.backend._options import BackendOptions, default_n_threads
 from actors.backend._protocol import (
+    Adapters,
     Backend,
     BatchRows,
     ChatPrompts,
@@ -28,6 +30,7 @@ from actors.backend._template import check_chat_template
 from actors.backend._tokenizer import Tokenizer
 
 __all__ = [
+    "Adapters",
     "Backend",
     "BackendOptions",
     "BatchRows",
@@ -42,12 +45,16 @@ __all__ = [
     "Tokenizer",
     "Triggers",
     "Vocabulary",
+    "check_adapter",
+    "check_adapters",
     "check_chat_template",
     "default_model_path",
     "default_n_threads",
+    "default_scales",
     "exact_attention",
     "faults",
     "put_rows",
     "read_gguf_header",
+    "resolve_lora",
     "resolve_model_path",
 ]

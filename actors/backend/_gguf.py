@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import IO, Any
 
@@ -38,6 +38,8 @@ _MAX_STRING = 1 << 20  # a longer key or value is not a real header (chat templa
 _MAX_KEYS = 1 << 16
 _MAX_ITEMS = 1 << 24
 _MAX_KEPT_ARRAY = 4096  # numeric arrays up to this long are kept (per-layer values)
+_MAX_TENSORS = 1 << 20
+_MAX_DIMS = 4  # GGML_MAX_DIMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +52,15 @@ class GgufHeader:
         n_tensors: how many tensors it holds.
         values: every scalar key, every numeric array of at most 4096 items (a tuple),
             and for every other array its length (as ``"<key>#len"``).
+        tensors: each tensor's ggml shape (``ne``, innermost first) by name, when asked
+            for (``read_gguf_header(path, tensors=True)``); else empty.
     """
 
     path: str
     file_bytes: int
     n_tensors: int
     values: Mapping[str, Any]
+    tensors: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def architecture(self) -> str:
@@ -124,8 +129,23 @@ def _array(file: IO[bytes], key: str, values: dict[str, Any], file_bytes: int) -
         file.seek(size * count, os.SEEK_CUR)
 
 
-def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
-    """Read ``path``'s GGUF header (any thread).
+def _tensor_infos(file: IO[bytes], n_tensors: int) -> dict[str, tuple[int, ...]]:
+    if n_tensors > _MAX_TENSORS:
+        raise ValueError(f"implausible GGUF header: {n_tensors} tensors")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for _ in range(n_tensors):
+        name = _string(file)
+        (n_dims,) = struct.unpack("<I", _read(file, 4))
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise ValueError(f"implausible GGUF tensor {name!r} of {n_dims} dimensions")
+        shapes[name] = struct.unpack(f"<{n_dims}Q", _read(file, 8 * n_dims))
+        _read(file, 12)  # its type and data offset
+    return shapes
+
+
+def read_gguf_header(path: str | os.PathLike[str], *, tensors: bool = False) -> GgufHeader:
+    """Read ``path``'s GGUF header (any thread); with ``tensors``, its tensors' names
+    and shapes too (what a LoRA adapter is checked against).
 
     Raises:
         ValueError: not a GGUF file (version 2 or later), or an implausible header.
@@ -151,6 +171,7 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
                     _array(file, key, values, file_bytes)
                 else:
                     values[key] = _scalar(file, kind)
+            shapes = _tensor_infos(file, n_tensors) if tensors else {}
         except (struct.error, UnicodeDecodeError) as e:
             raise ValueError(f"{path!r} has a broken GGUF header: {e}") from None
-    return GgufHeader(path, file_bytes, n_tensors, MappingProxyType(values))
+    return GgufHeader(path, file_bytes, n_tensors, MappingProxyType(values), MappingProxyType(shapes))

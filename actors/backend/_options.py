@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from actors.contract import LoraAdapter
+
 __all__ = ["BackendOptions", "default_n_threads"]
 
 
@@ -25,6 +27,8 @@ class BackendOptions:
     n_gpu_layers: int = 0
     use_mmap: bool = True
     use_mlock: bool = False
+    lora: tuple[LoraAdapter, ...] = ()
+    """LoRA adapters to load with the model (checked against it by ``check_adapter``)."""
 
 
 def default_n_threads() -> int:

@@ -15,9 +15,10 @@ import numpy as np
 import numpy.typing as npt
 
 from actors.chat import ReplySpec, TemplateInfo, ToolGrammar
-from actors.contract import Chat, SamplingParams, StreamChat
+from actors.contract import Chat, LoraAdapter, SamplingParams, StreamChat
 
 __all__ = [
+    "Adapters",
     "Backend",
     "BatchRows",
     "ChatPrompts",
@@ -193,6 +194,21 @@ class ChatPrompts(Protocol):
         ...
 
 
+class Adapters(Protocol):
+    """The LoRA adapters loaded with the model, and the one set the context applies."""
+
+    loaded: tuple[LoraAdapter, ...]
+    """In id order, each with its default scale (any thread)."""
+    current: tuple[tuple[int, float], ...]
+    """The set in use: ``(id, scale)`` pairs, ``()`` for none."""
+    n_switches: int
+    """How many times the set changed."""
+
+    def use(self, adapters: Sequence[tuple[int, float]]) -> None:
+        """Apply ``adapters`` to every decode from the next on (a no-op when in use)."""
+        ...
+
+
 class Backend(Protocol):
     """A model and its context, as the engine uses them (see the module's docstring)."""
 
@@ -209,6 +225,9 @@ class Backend(Protocol):
 
     @property
     def kv(self) -> KvSequences: ...
+
+    @property
+    def adapters(self) -> Adapters: ...
 
     @property
     def rows(self) -> BatchRows: ...

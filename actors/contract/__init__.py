@@ -54,6 +54,16 @@ from actors.contract._errors import (
 )
 from actors.contract._gbnf import check_grammar
 from actors.contract._handle import EngineHandle
+from actors.contract._lora import (
+    MAX_ADAPTERS,
+    MAX_LORA_SCALE,
+    GetLora,
+    LoraAdapter,
+    LoraScales,
+    SetLora,
+    checked_adapters,
+    checked_lora,
+)
 from actors.contract._messages import (
     STREAMING,
     Chat,
@@ -83,8 +93,10 @@ from actors.contract._sampling import ReplyTo, SamplingParams, put_nowait
 from actors.contract._schema import grammar_for_schema
 
 __all__ = [
+    "MAX_ADAPTERS",
     "MAX_ID_LENGTH",
     "MAX_LEVELS",
+    "MAX_LORA_SCALE",
     "MAX_OPTIONS",
     "MAX_QUESTIONS",
     "POOLINGS",
@@ -111,9 +123,12 @@ __all__ = [
     "Generate",
     "GenerateTokens",
     "GetInfo",
+    "GetLora",
     "GetStats",
     "GetTokenizer",
     "InvalidRequest",
+    "LoraAdapter",
+    "LoraScales",
     "MemoryBudgetExceeded",
     "ModelFailedLately",
     "ModelLoadError",
@@ -127,6 +142,7 @@ __all__ = [
     "RequestMessage",
     "RequestTimeout",
     "SamplingParams",
+    "SetLora",
     "StopReason",
     "StrategyError",
     "Stream",
@@ -141,6 +157,8 @@ __all__ = [
     "ToolCallDelta",
     "TopLogprob",
     "check_grammar",
+    "checked_adapters",
+    "checked_lora",
     "checked_template_kwargs",
     "checked_template_tools",
     "checked_text",

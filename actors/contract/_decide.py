@@ -47,6 +47,7 @@ from actors.contract._checks import (
     template_variables,
 )
 from actors.contract._errors import InvalidRequest
+from actors.contract._lora import LoraScales, checked_lora
 from actors.contract._names import suggesting
 
 __all__ = [
@@ -253,8 +254,8 @@ class Decide:
         template_kwargs: the chat template's variables (``chat_template_kwargs``).
             Thinking is off (``enable_thinking=False``) unless these turn it on; a
             template that then opens a thinking block before the answer is refused.
-        request_id, model, priority, deadline_s, cache_scope, cache_prompt: as on the
-            generation messages.
+        request_id, model, priority, deadline_s, cache_scope, cache_prompt, lora: as on
+            the generation messages.
     """
 
     state: Any = field(kw_only=False)
@@ -266,6 +267,7 @@ class Decide:
     deadline_s: float | None = None
     cache_scope: str | None = None
     cache_prompt: bool = True
+    lora: LoraScales | None = None
 
     def __post_init__(self) -> None:
         questions = self.questions
@@ -295,6 +297,7 @@ class Decide:
         )
         object.__setattr__(self, "deadline_s", checked_deadline(self.deadline_s))
         _require(isinstance(self.cache_prompt, bool), "cache_prompt must be a bool")
+        object.__setattr__(self, "lora", checked_lora(self.lora))
 
     # What routing reads of every request (a ServerPool's router, the engine's table).
     @property
@@ -318,6 +321,7 @@ class Decide:
             "request_id": self.request_id, "model": self.model, "template_kwargs": variables,
             "priority": self.priority, "deadline_s": self.deadline_s,
             "cache_scope": self.cache_scope, "cache_prompt": self.cache_prompt,
+            "lora": None if self.lora is None else dict(self.lora),
         }  # fmt: skip
         return (_rebuild, (self.state, questions, kwargs))
 

@@ -35,6 +35,7 @@ from actors.contract._checks import (
     checked_tokens,
     is_int,
 )
+from actors.contract._lora import LoraScales, checked_lora
 from actors.contract._names import REQUEST_ALIASES, suggesting
 from actors.contract._sampling import ReplyTo, SamplingParams
 from actors.contract._tools import REASONING_FORMATS, checked_chat, checked_tool_choice, checked_tools
@@ -104,6 +105,10 @@ class _RequestMessage:
     speculate: bool = True
     model: str | None = None
     """The model to run it: a ``ModelManager`` routes by it; a single engine ignores it."""
+    lora: LoraScales | None = None
+    """The LoRA adapters to run it with: adapter id or name → scale (``{"tenant-a": 1.0}``),
+    or llama-server's ``[{"id": 0, "scale": 0.5}]``; those not named are off. None: the
+    server's default scales. Stored as a frozen mapping."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable (a ServerPool sends requests to Ray replicas): frozen mappings are
@@ -155,6 +160,7 @@ class _RequestMessage:
         _require(isinstance(self.truncate, bool), "truncate must be a bool")
         _require(isinstance(self.speculate, bool), f"speculate must be a bool, got {_show(self.speculate)}")
         self._set("deadline_s", checked_deadline(self.deadline_s))
+        self._set("lora", checked_lora(self.lora))
         _require(is_int(self.priority), f"priority must be an int, got {_show(self.priority)}")
         _require(is_int(self.n_keep) and self.n_keep >= 0, "n_keep must be an int >= 0")
         for name in ("max_tokens", "min_tokens", "n_keep", "priority"):

@@ -48,7 +48,7 @@ from actors.contract import (
     Question,
     RequestTimeout,
 )
-from actors.engine._prepare import Prepared
+from actors.engine._prepare import Prepared, request_adapters
 from actors.engine._slots import Choices, common_prefix_len
 
 __all__ = ["PreparedDecision", "decision_of", "flat_reads", "labels", "prepare_decision", "question_text"]
@@ -178,13 +178,17 @@ def _prepare(backend: Backend, message: Decide, limit: int) -> PreparedDecision:
         "deadline_s": message.deadline_s,
         "cache_scope": message.cache_scope,
         "cache_prompt": message.cache_prompt,
+        "lora": message.lora,
         "speculate": False,
     }
+    adapters = request_adapters(backend, message.lora)
     leader = None
     if len(prompts) > 1 and message.cache_prompt and shared > 0:
         head = tuple(prompts[0][:shared])
-        leader = Prepared(GenerateTokens(head, **options), head, limit)
-    questions = tuple(Prepared(GenerateTokens(p, **options), tuple(p), limit) for p in prompts)
+        leader = Prepared(GenerateTokens(head, **options), head, limit, adapters=adapters)
+    questions = tuple(
+        Prepared(GenerateTokens(p, **options), tuple(p), limit, adapters=adapters) for p in prompts
+    )
     return PreparedDecision(message, leader, questions, tuple(reads), limit)
 
 

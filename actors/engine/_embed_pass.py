@@ -64,6 +64,8 @@ class EmbedPass:
         rows = self._rows() if busy else None
         if rows == 0:
             return
+        # Embeddings run with the server's default adapters (no set of their own).
+        self.state.backend.adapters.use(self.state.default_adapters())
         embedder.run(rows)
         ms = (time.perf_counter() - started) * 1000.0
         if embedder.pass_rows:

@@ -19,8 +19,8 @@ from typing import Any
 import pykka
 
 import telemetry
-from actors.backend import Backend, faults
-from actors.contract import EngineError, ReplyTo
+from actors.backend import Backend, default_scales, faults
+from actors.contract import EngineError, LoraAdapter, LoraScales, ReplyTo
 from actors.engine._batch import Segment
 from actors.engine._decisions import PreparedDecision
 from actors.engine._drafting import DraftPlanner
@@ -139,6 +139,23 @@ class Engine:
     def fail_all(self, error: EngineError) -> None:
         """Fail every running and queued request (engine stopping)."""
         self.lifecycle.fail_all(error)
+
+    def lora(self) -> tuple[LoraAdapter, ...]:
+        """The LoRA adapters, in id order, each with the server's default scale now."""
+        loaded = self.state.backend.adapters.loaded
+        return tuple(
+            LoraAdapter(a.path, s, a.name) for a, s in zip(loaded, self.state.lora_scales, strict=True)
+        )
+
+    def set_lora(self, scales: LoraScales) -> tuple[LoraAdapter, ...]:
+        """Set the default scales: those ``scales`` names, the rest 0 (requests admitted
+        from now on without their own ``lora`` take them); the new list.
+
+        Raises:
+            InvalidRequest: it names an adapter the server does not have.
+        """
+        self.state.lora_scales = default_scales(self.state.backend.adapters.loaded, scales)
+        return self.lora()
 
     @property
     def has_work(self) -> bool:

@@ -40,6 +40,7 @@ class Lifecycle:
         """``request`` enters ``slot``, which holds ``n_reuse`` of its tokens already."""
         slot.request = request
         slot.state = SlotState.PREFILLING
+        slot.served_tick = self.state.n_ticks  # its wait for a batch counts from here
         self.state.occupied = True
         request.seq_id = slot.seq_id
         if not request.started:  # a request resumed after a preemption was announced already

@@ -365,5 +365,6 @@ class KVMemory:
                 "entries": len(self.ram.entries),
                 "bytes_used": self.ram.bytes_used,
             },
-            {"event": event, "scope": entry.scope},
+            # The caller's cache_scope; the adapter set is the rest of the key.
+            {"event": event, "scope": entry.scope[0]},
         )

@@ -31,7 +31,12 @@ from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence, 
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-__all__ = ["PrefixIndex", "PrefixMatch"]
+__all__ = ["CacheScope", "PrefixIndex", "PrefixMatch"]
+
+CacheScope = tuple[str | None, tuple[tuple[int, float], ...]]
+"""Whose KV a cache holds: the request's ``cache_scope`` and the LoRA adapter set
+(``strategies.AdapterSet``) that computed it. KV is reused only within one scope: KV
+another adapter set computed is another model's."""
 
 _G = TypeVar("_G")
 _T = TypeVar("_T")
@@ -59,7 +64,7 @@ class _Node:
 
 @dataclass(slots=True, eq=False)
 class _Holder:
-    scope: str | None
+    scope: CacheScope
     path: list[_Node]  # path[k] is the node at depth k; path[0] is the scope's root
     tail: list[int]  # the tokens after path[-1], fewer than a block
     seq: int  # when it was put, for the order of ties
@@ -101,13 +106,13 @@ class PrefixIndex:
             raise ValueError(f"block must be a positive int, not {block!r}")
         self._block = block
         self._nodes: dict[tuple[int, tuple[int, ...]], _Node] = {}
-        self._roots: dict[str | None, _Node] = {}
+        self._roots: dict[CacheScope, _Node] = {}
         self._holders: dict[Hashable, _Holder] = {}
         self._ids = itertools.count()
         self._seqs = itertools.count()
         self._visits = 0
 
-    def put(self, key: Hashable, scope: str | None, tokens: Sequence[int]) -> None:
+    def put(self, key: Hashable, scope: CacheScope, tokens: Sequence[int]) -> None:
         """Hold ``tokens`` for ``key`` in ``scope``, replacing what ``key`` held."""
         held = list(map(operator.index, tokens))
         self.remove(key)
@@ -150,7 +155,7 @@ class PrefixIndex:
         holder = self._holders[key]
         return [t for node in holder.path[1:] for t in node.block] + holder.tail
 
-    def scope(self, key: Hashable) -> str | None:
+    def scope(self, key: Hashable) -> CacheScope:
         """The cache scope ``key`` was put in."""
         return self._holders[key].scope
 
@@ -161,7 +166,7 @@ class PrefixIndex:
         """The number of holders."""
         return len(self._holders)
 
-    def matches(self, scope: str | None, prompt: Sequence[int], *, min_length: int = 1) -> list[PrefixMatch]:
+    def matches(self, scope: CacheScope, prompt: Sequence[int], *, min_length: int = 1) -> list[PrefixMatch]:
         """Every holder of ``scope`` sharing at least ``min_length`` tokens with ``prompt``.
 
         Longest first; ties in the order the holders were put (a re-put counts as new).
@@ -185,7 +190,7 @@ class PrefixIndex:
         return [PrefixMatch(key, length) for length, _, key in found]
 
     def best(
-        self, scope: str | None, prompt: Sequence[int], *, exclude: Collection[Hashable] = ()
+        self, scope: CacheScope, prompt: Sequence[int], *, exclude: Collection[Hashable] = ()
     ) -> PrefixMatch | None:
         """The holder of ``scope`` sharing most of ``prompt``, ignoring ``exclude``.
 
@@ -212,7 +217,7 @@ class PrefixIndex:
                 return top
         return None
 
-    def _walk(self, scope: str | None, prompt: Sequence[int]) -> list[_Node]:
+    def _walk(self, scope: CacheScope, prompt: Sequence[int]) -> list[_Node]:
         """The nodes of ``scope`` whose prefix the prompt starts with, root first."""
         node = self._roots.get(scope)
         if node is None:

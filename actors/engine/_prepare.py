@@ -17,12 +17,13 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from actors.backend import Backend, Triggers
+from actors.backend import Backend, Triggers, resolve_lora
 from actors.chat import ReplySpec, Syntax, ToolGrammar, write_calls
 from actors.contract import (
     Chat,
     EngineError,
     InvalidRequest,
+    LoraScales,
     PromptTooLong,
     RequestMessage,
     StreamChat,
@@ -31,7 +32,7 @@ from actors.contract import (
     grammar_for_schema,
 )
 
-__all__ = ["CALL_ROOM", "MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare"]
+__all__ = ["CALL_ROOM", "MAX_GRAMMAR_MS_PER_TOKEN", "Prepared", "fit_prompt", "prepare", "request_adapters"]
 
 CALL_ROOM = 48
 """Tokens of arguments a call required after thinking keeps room for: the thinking
@@ -74,6 +75,9 @@ class Prepared:
     call_after_thinking: bool = False
     """A call is required after the thinking the prompt opened: the reply may not end
     while it thinks (the budget closes the thinking in time for the call)."""
+    adapters: tuple[tuple[int, float], ...] | None = None
+    """The LoRA adapter set its ``lora`` resolves to (None: it names none, and runs with
+    the server's default scales at admission)."""
 
 
 def fit_prompt(prompt: list[int], message: RequestMessage, limit: int) -> list[int]:
@@ -146,6 +150,7 @@ def prepare(backend: Backend, message: RequestMessage, limit: int) -> Prepared:
                     f"the grammar costs {cost_ms:.0f} ms per token (the limit is "
                     f"{MAX_GRAMMAR_MS_PER_TOKEN:.0f} ms), which would slow every other request; simplify it"
                 )
+        adapters = request_adapters(backend, message.lora)
     except EngineError:
         raise
     except Exception as e:  # a bug or a library's surprise: the request's failure, not the caller's crash
@@ -174,8 +179,27 @@ def prepare(backend: Backend, message: RequestMessage, limit: int) -> Prepared:
         if budget is not None:
             budget_tokens = tuple(backend.vocab.tokenize(close, add_special=False, parse_special=True))
     return Prepared(
-        message, tuple(prompt), limit, grammar, triggers, reply, budget, budget_tokens, call_after_thinking
+        message,
+        tuple(prompt),
+        limit,
+        grammar,
+        triggers,
+        reply,
+        budget,
+        budget_tokens,
+        call_after_thinking,
+        adapters,
     )
+
+
+def request_adapters(backend: Backend, lora: LoraScales | None) -> tuple[tuple[int, float], ...] | None:
+    """The adapter set a request's ``lora`` names, checked against the server's adapters
+    (None: it names none; any thread).
+
+    Raises:
+        InvalidRequest: it names an adapter the server does not have.
+    """
+    return None if lora is None else resolve_lora(lora, backend.adapters.loaded)
 
 
 def _call_cost(backend: Backend, syntax: Syntax, message: Chat | StreamChat, close: str) -> int:

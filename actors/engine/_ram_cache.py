@@ -11,7 +11,7 @@ import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from actors.engine._prefix import PrefixIndex, PrefixMatch
+from actors.engine._prefix import CacheScope, PrefixIndex, PrefixMatch
 
 __all__ = ["RamCache", "RamEntry"]
 
@@ -20,7 +20,7 @@ __all__ = ["RamCache", "RamEntry"]
 class RamEntry:
     """One saved sequence: its tokens (in position order) and its KV state."""
 
-    scope: str | None
+    scope: CacheScope
     tokens: list[int]
     state: bytes
     t_last_used: float = field(default_factory=time.monotonic)
@@ -41,7 +41,7 @@ class RamCache:
     def _ram(self, matches: list[PrefixMatch]) -> list[tuple[RamEntry, int]]:
         return [(self.entries[m.key], m.length) for m in matches if m.key in self.entries]
 
-    def covers(self, scope: str | None, tokens: Sequence[int]) -> bool:
+    def covers(self, scope: CacheScope, tokens: Sequence[int]) -> bool:
         """An entry of ``scope`` already holds ``tokens`` (or more after them)."""
         return any(n == len(tokens) for _, n in self._ram(self._index.matches(scope, tokens)))
 

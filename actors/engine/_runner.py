@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from actors.contract import DecodeError
+from actors.contract import DecodeError, EngineError
 from actors.engine._batch import Segment, lay_out
 from actors.engine._lifecycle import Lifecycle
 from actors.engine._slots import Slot
@@ -55,8 +55,18 @@ class Runner:
         self.commit = commit
 
     def execute(self, plan: BatchPlan, busy: dict[int, Slot]) -> list[Segment]:
-        """Write ``plan`` into the batch and decode it; the segments it laid out."""
+        """Write ``plan`` into the batch and decode it with its slots' LoRA adapter set
+        (one set: ``Scheduler.schedule`` planned only its slots); the segments it laid out."""
         segments = lay_out(plan, busy, self.state.arrays)
+        request = segments[0].slot.request if segments else None
+        if request is not None:
+            try:
+                self.state.use_adapters(request.adapters)
+            except EngineError as e:
+                _log.error("%s; failing the batch's requests", e)
+                for segment in segments:
+                    self.lifecycle.fail(segment.slot, e)
+                return []
         self._forward(segments, purge_allowed=True)
         return segments
 

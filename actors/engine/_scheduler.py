@@ -41,7 +41,7 @@ from actors.engine._prepare import Prepared
 from actors.engine._slots import Choices, Request, Slot, running_choices
 from actors.engine._speculative import Acceptances
 from actors.engine._state import EngineState
-from strategies import BatchPlan
+from strategies import BatchPlan, BatchStrategy
 
 __all__ = ["Scheduler", "Stall"]
 
@@ -191,6 +191,7 @@ class Scheduler:
         sampler = self.state.backend.sampling.make(params, bias, prompt, prepared.triggers)
         arrival = self.state.arrivals
         request = Request(message, prompt, params, arrival, sampler, future, reply_to, index=index)
+        request.adapters = self.state.default_adapters() if prepared.adapters is None else prepared.adapters
         request.text = TextStream(message.stop or (), message.min_tokens)
         if prepared.reply is not None:
             request.reply = prepared.reply.parser()
@@ -291,6 +292,20 @@ class Scheduler:
                     break
         return chosen
 
+    def _one_set(self, strategy: BatchStrategy, busy: dict[int, Slot]) -> dict[int, Slot]:
+        """The busy slots of the one adapter set the strategy chose for this tick.
+
+        Raises:
+            StrategyError: it chose a set no busy slot runs.
+        """
+        state = self.state
+        views = [slot.view(state.n_ticks) for slot in busy.values()]
+        chosen = strategy.choose_adapters(views, current=state.adapters_served, streak=state.adapter_streak)
+        mine = {view.seq_id: busy[view.seq_id] for view in views if view.adapters == chosen}
+        if not mine:
+            raise StrategyError(f"choose_adapters chose {chosen!r}, an adapter set no busy slot runs")
+        return mine
+
     def _follows(self, request: Request) -> bool:
         """A choice i > 0 waits while its leader has not sampled (then ``_fork`` copies it)."""
         group = request.choices
@@ -300,16 +315,20 @@ class Scheduler:
         return leader.t_first_token is None and leader.key in self.state.requests
 
     def schedule(self, busy: dict[int, Slot]) -> BatchPlan | None:
-        """This tick's plan over the ``busy`` slots: their drafts, the strategy's
-        ``build_batch`` (and ``plan_drafts``), checked by ``check_plan``; None when the
-        strategy failed (and every busy slot's request with it)."""
+        """This tick's plan over the ``busy`` slots: the LoRA adapter set it serves (the
+        strategy's ``choose_adapters``, when the slots run more than one), their drafts,
+        the strategy's ``build_batch`` (and ``plan_drafts``) over that set's slots,
+        checked by ``check_plan``; None when the strategy failed (and every busy slot's
+        request with it)."""
         state = self.state
         n_batch, chunk_size = state.backend.n_batch, state.config.chunk_size
         strategy = state.config.batch_strategy
-        if self.drafts is not None:
-            self.drafts.propose(busy)
-        views = {seq_id: slot.view() for seq_id, slot in busy.items()}
         try:
+            if len({slot.request.adapters for slot in busy.values() if slot.request is not None}) > 1:
+                busy = self._one_set(strategy, busy)
+            if self.drafts is not None:
+                self.drafts.propose(busy)
+            views = {seq_id: slot.view(state.n_ticks) for seq_id, slot in busy.items()}
             depth = len(state.waiting)
             plan = strategy.build_batch(list(views.values()), n_batch, chunk_size, queue_depth=depth)
             if (
@@ -318,7 +337,10 @@ class Scheduler:
                 and any(view.draft_tokens for view in views.values())
             ):
                 plan = self.drafts.with_drafts(strategy, views, plan, busy)
-            return check_plan(plan, views, n_batch, chunk_size)
+            checked = check_plan(plan, views, n_batch, chunk_size)
+            for entry in checked.slots:
+                busy[entry.seq_id].served_tick = state.n_ticks
+            return checked
         except BaseException as e:  # sys.exit() in a strategy must not stop every actor
             error = e if isinstance(e, StrategyError) else StrategyError(f"{strategy!r} raised {e!r}")
             _log.error("batch strategy failed; failing %d active requests: %s", len(busy), error)

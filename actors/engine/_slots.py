@@ -20,10 +20,11 @@ import pykka
 from actors.chat import ReplyParser
 from actors.contract import ReplyTo, RequestMessage, SamplingParams, Token, TokenLogprob
 from actors.engine._output import TextStream
+from actors.engine._prefix import CacheScope
 from actors.engine._speculative import Acceptances, DraftWant
-from strategies import SlotState, SlotView
+from strategies import AdapterSet, SlotState, SlotView
 
-__all__ = ["Choices", "Request", "Slot", "common_prefix_len", "running_choices"]
+__all__ = ["CacheScope", "Choices", "Request", "Slot", "common_prefix_len", "running_choices"]
 
 
 @dataclass(slots=True, eq=False)
@@ -110,6 +111,7 @@ class Request:
     # first logits row instead of sampling; () for the leader, which only prefills.
     reads: tuple[int, ...] | None = None
     read: tuple[float, ...] | None = None
+    adapters: AdapterSet = ()  # the LoRA adapter set it runs with, resolved at admission
 
     def __post_init__(self) -> None:
         if not self.context:
@@ -125,9 +127,9 @@ class Request:
         return self.message.request_id if self.index == 0 else f"{self.message.request_id}#{self.index}"
 
     @property
-    def scope(self) -> str | None:
+    def scope(self) -> CacheScope:
         """Whose KV this request may reuse: only a cache of the same scope."""
-        return self.message.cache_scope
+        return (self.message.cache_scope, self.adapters)
 
     @property
     def session(self) -> str | None:
@@ -149,7 +151,7 @@ class Slot:
     pending: int = -1
     t_last_used: float = 0.0
     # Who the cached KV belongs to: reused only within the same cache scope.
-    scope: str | None = None
+    scope: CacheScope = (None, ())
     session: str | None = None
     # A context shift rewrote positions: the KV no longer matches a fresh prefill.
     shifted: bool = False
@@ -164,9 +166,10 @@ class Slot:
     # tokens it could make if the plan verified them (it made only the first so far).
     want: DraftWant | None = None
     draft_room: int = 0
+    served_tick: int = 0  # the last tick it was in a batch (or its request entered it)
 
-    def view(self) -> SlotView:
-        """The read-only view a strategy sees (busy slots only)."""
+    def view(self, tick: int = 0) -> SlotView:
+        """The read-only view a strategy sees at tick ``tick`` (busy slots only)."""
         request = self.request
         assert request is not None
         acceptance = request.acceptance.of(self.draft_kind).rate if request.acceptance is not None else 0.0
@@ -181,6 +184,8 @@ class Slot:
             arrival=request.arrival,
             draft_tokens=max(len(self.draft), self.draft_room),
             draft_acceptance=acceptance,
+            adapters=request.adapters,
+            waited_ticks=max(0, tick - self.served_tick - 1),
         )
 
     def release(self) -> Request | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import telemetry
-from actors.backend import Backend
+from actors.backend import Backend, resolve_lora
 from actors.contract import SamplingParams
 from actors.engine._batch import BatchArrays
 from actors.engine._draft_model import ModelDrafter
@@ -21,7 +21,7 @@ from actors.engine._embedding import Embedder
 from actors.engine._memory import KVMemory
 from actors.engine._slots import Choices, Request, Slot
 from actors.engine._speculative import CostModel, Drafter, NgramDrafter
-from strategies import BatchStrategy, SlotState
+from strategies import AdapterSet, BatchStrategy, SlotState
 
 __all__ = ["EngineConfig", "EngineState", "TickCounts"]
 
@@ -140,6 +140,11 @@ class EngineState:
         self.embedder = Embedder(backend, config.max_queue, self.make_room, self.memory.cells)
         self.draft_tokens = 0
         self.draft_accepted = 0
+        # LoRA: the scales a request without its own ``lora`` runs with (SetLora changes
+        # them), and how many ticks in a row the set in use has been served.
+        self.lora_scales: tuple[float, ...] = tuple(a.scale for a in backend.adapters.loaded)
+        self.adapter_streak = 0
+        self.adapters_served: AdapterSet | None = None
 
     @property
     def has_work(self) -> bool:
@@ -149,6 +154,18 @@ class EngineState:
             or bool(self.embedder.queue)
             or any(slot.state is not SlotState.IDLE for slot in self.slots)
         )
+
+    def default_adapters(self) -> AdapterSet:
+        """The adapter set of a request without its own ``lora``: the server's scales now."""
+        return resolve_lora(None, self.backend.adapters.loaded, self.lora_scales)
+
+    def use_adapters(self, adapters: AdapterSet) -> None:
+        """Apply ``adapters`` to the next decodes; count the ticks a set is served in a row."""
+        if adapters == self.adapters_served:
+            self.adapter_streak += 1
+        else:
+            self.adapters_served, self.adapter_streak = adapters, 1
+        self.backend.adapters.use(adapters)
 
     def busy(self) -> dict[int, Slot]:
         """The slots that hold a request, by sequence id."""

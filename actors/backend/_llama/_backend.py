@@ -21,13 +21,14 @@ from typing import Any
 
 import llama_cpp as _lc
 
+from actors.backend._llama._adapters import LlamaAdapters
 from actors.backend._llama._chat import LlamaChat
 from actors.backend._llama._context import LlamaKv, LlamaRows
 from actors.backend._llama._sampling import LlamaSampling
 from actors.backend._llama._vocab import LlamaVocab, file_identity
 from actors.backend._options import BackendOptions
 from actors.backend._readers import Readers
-from actors.contract import ConfigError, ModelLoadError
+from actors.contract import ConfigError, LoraAdapter, ModelLoadError
 
 __all__ = ["EMBED_LANES", "LlamaBackend", "exact_attention", "llama_cpp_version"]
 
@@ -116,6 +117,7 @@ class LlamaBackend:
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         draft: bool = False,
+        lora: tuple[LoraAdapter, ...] = (),
     ) -> None:
         """Load the model and make the context (the actor thread).
 
@@ -129,6 +131,8 @@ class LlamaBackend:
             draft: a draft model's (speculative decoding): its chat template is never
                 compiled (it renders no chat, and one that does not compile must not
                 stop it loading), and a recurrent or hybrid model is refused.
+            lora: LoRA adapters to load (checked by ``check_adapter`` already); none
+                applies until the engine asks (``adapters.use``).
 
         Raises:
             ModelLoadError: llama.cpp could not load the model or make the context.
@@ -210,6 +214,7 @@ class LlamaBackend:
             self._readers = Readers()
             identity = file_identity(options.model_path)
             self.vocab = LlamaVocab(vocab_handle, self._readers, lambda: bool(self._model), identity)
+            self.adapters = LlamaAdapters(self._model, self._ctx, lora)
             self.kv = LlamaKv(self._ctx)
             self.rows = LlamaRows(self._ctx, self.kv, self.n_batch, self.vocab.n_vocab, self.n_embd)
             self.sampling = LlamaSampling(self.vocab, self.rows.row_logits, self.n_ctx)
