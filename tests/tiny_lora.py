@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 
 from actors import default_model_path
+from actors.backend import read_gguf_header
 
 __all__ = ["write_lora"]
 
@@ -24,9 +25,8 @@ _TARGETS = ("attn_q", "attn_v", "ffn_up")
 
 
 def _base_shapes(base: str) -> tuple[str, dict[str, tuple[int, ...]]]:
-    reader = gguf.GGUFReader(base)
-    arch = str(reader.fields["general.architecture"].contents())
-    return arch, {t.name: tuple(int(n) for n in t.shape) for t in reader.tensors}
+    header = read_gguf_header(base, tensors=True)  # the header alone: gguf's reader maps it all
+    return header.architecture, dict(header.tensors)
 
 
 def write_lora(
