@@ -4,6 +4,7 @@ starves, and KV computed under one set is never reused under another."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -56,7 +57,7 @@ def test_a_tick_serves_one_set_and_the_sets_take_turns() -> None:
     assert first_a < last_base
     # A set keeps the batch for at most the strategy's quantum while the other waits.
     runs, streak = [], 1
-    for before, now in zip(passes, passes[1:], strict=False):
+    for before, now in itertools.pairwise(passes):
         streak = streak + 1 if now == before else 1
         runs.append(streak)
     both = max(i for i in range(len(passes)) if passes[i] == A or passes[i] == ())
