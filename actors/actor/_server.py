@@ -321,7 +321,7 @@ class ServerActor(pykka.ThreadingActor):
             return engine_info(self.actor_options, self.actor_config.defaults, self.actor_backend)
         elif isinstance(message, GetTokenizer):
             assert self.actor_backend is not None
-            return Tokenizer(self.actor_backend)
+            return Tokenizer(self.actor_backend, engine.n_ctx_slot)
         elif isinstance(message, Drain):
             return self._start_drain(engine, message)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from actors.backend._faults import faults
 from actors.backend._gguf import GgufHeader, read_gguf_header
 from actors.backend._greedy import DeadEnd
+from actors.backend._infill import InfillText, infill_prompt
 from actors.backend._llama import LlamaBackend, SamplerChain, exact_attention
 from actors.backend._model import default_model_path, resolve_model_path
 from actors.backend._options import BackendOptions, default_n_threads
@@ -17,6 +18,7 @@ from actors.backend._protocol import (
     Backend,
     BatchRows,
     ChatPrompts,
+    FimTokens,
     KvSequences,
     Sampler,
     Samplers,
@@ -33,7 +35,9 @@ __all__ = [
     "BatchRows",
     "ChatPrompts",
     "DeadEnd",
+    "FimTokens",
     "GgufHeader",
+    "InfillText",
     "KvSequences",
     "LlamaBackend",
     "Sampler",
@@ -47,6 +51,7 @@ __all__ = [
     "default_n_threads",
     "exact_attention",
     "faults",
+    "infill_prompt",
     "put_rows",
     "read_gguf_header",
     "resolve_model_path",

@@ -47,9 +47,11 @@ __all__ = [
     "apply_template",
     "complete_all",
     "completion",
+    "completion_options",
     "detokenize",
     "final_json",
     "json_response",
+    "native_reply",
     "prompts_of",
     "tokenize",
 ]
@@ -205,6 +207,19 @@ async def completion(request: Request) -> Response | EventStream:
         request_client(request),
         lambda: (prompts_of(body["prompt"], service.tokenize), completion_options(service, body)),
     )
+    return await native_reply(service, request, body, prompts, options)
+
+
+async def native_reply(
+    service: Service,
+    request: Request,
+    body: Mapping[str, Any],
+    prompts: Sequence[str | list[int]],
+    options: dict[str, Any],
+) -> Response | EventStream:
+    """The native answer to a request read into ``prompts`` and engine ``options``:
+    llama-server's JSON (one object, or a list for several prompts or choices), or its
+    event stream under ``stream`` (``/completion``'s, and ``/infill``'s)."""
     streaming, per_token = stream_options(body)
     stream = body.get("stream") is True
     return_tokens = body.get("return_tokens") is True
