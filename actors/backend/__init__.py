@@ -1,5 +1,6 @@
 """The llama.cpp backend: the model, context, batch and samplers behind one small
-interface, the thread-safe tokenizer, and where the default model is found.
+interface, the thread-safe tokenizer (with llama-server's fill-in-the-middle prompts),
+and where the default model is found.
 
 It imports the chat formats and the request contract; ``actors/backend/_llama/`` is the
 only code in the project that imports ``llama_cpp``.

@@ -87,12 +87,14 @@ def _prompt(body: Mapping[str, Any]) -> str:
     return value
 
 
-def _read(service: Service, body: Mapping[str, Any]) -> tuple[list[int], dict[str, Any]]:
-    """The infill prompt's tokens and the engine options (a work thread)."""
+def _read(service: Service, body: Mapping[str, Any]) -> tuple[list[int], str, dict[str, Any]]:
+    """The infill prompt's tokens and text (special tokens spelled out, as llama-server's
+    response shows it) and the engine options (a work thread)."""
     prefix, suffix = _framing(body, "input_prefix"), _framing(body, "input_suffix")
     extra, prompt = _chunks(body.get("input_extra")), _prompt(body)
     options = completion_options(service, body)
-    tokens = service.need_tokenizer().infill(
+    tokenizer = service.need_tokenizer()
+    tokens = tokenizer.infill(
         prefix,
         suffix,
         extra=extra,
@@ -102,17 +104,17 @@ def _read(service: Service, body: Mapping[str, Any]) -> tuple[list[int], dict[st
         n_predict=service.settings.n_predict,  # the server's -n, as llama-server budgets
         spm=service.settings.spm_infill,
     )
-    return tokens, options
+    return tokens, tokenizer.detokenize(tokens), options
 
 
 async def infill(request: Request) -> Response | EventStream:
     """``POST /infill``: the code for the hole between ``input_prefix`` and ``input_suffix``."""
     service = await routed(request)
+    missing = service.need_tokenizer().fim_tokens.missing
+    if missing:  # before the body, as llama-server
+        raise HttpError(501, f"Infill is not supported by this model: {missing}")
     body = request.state.json
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
-    missing = service.need_tokenizer().fim_tokens.missing
-    if missing:
-        raise HttpError(501, f"Infill is not supported by this model: {missing}")
-    tokens, options = await service.parse(request_client(request), lambda: _read(service, body))
-    return await native_reply(service, request, body, [tokens], options)
+    tokens, text, options = await service.parse(request_client(request), lambda: _read(service, body))
+    return await native_reply(service, request, body, [tokens], options, shown_prompt=text)
