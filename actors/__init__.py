@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from actors.actor import MemoryEstimate, ServerActor, ServerOptions, Supervisor, estimate_memory
-from actors.backend import Tokenizer, default_model_path
+from actors.backend import FimTokens, Tokenizer, default_model_path
 from actors.client import (
     achat,
     adecide,
@@ -97,6 +97,7 @@ __all__ = [
     "EngineHandle",
     "EngineStopped",
     "Failed",
+    "FimTokens",
     "Generate",
     "GenerateTokens",
     "GetInfo",

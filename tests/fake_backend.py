@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from actors.backend import DeadEnd
+from actors.backend import DeadEnd, FimTokens
 from actors.chat import ReplySpec, TemplateInfo, ToolGrammar
 from actors.contract import Chat, InvalidRequest, LoraAdapter, SamplingParams, StreamChat
 
@@ -81,11 +81,13 @@ def solo(model: Model, prompt: Sequence[int], n: int, adapters: AdapterSet = ())
 
 
 class FakeVocab:
-    """Token ``t`` is the letter ``chr(ord("a") + t % 26)`` (0 the end, which renders empty)."""
+    """Token ``t`` is the letter ``chr(ord("a") + t % 26)`` (0 the end, which renders empty);
+    ``fim``: the fill-in-the-middle tokens it claims (none by default)."""
 
-    def __init__(self, n_vocab: int) -> None:
+    def __init__(self, n_vocab: int, fim: FimTokens | None = None) -> None:
         self.n_vocab = n_vocab
         self.eog_ids = frozenset({EOG})
+        self.fim = fim or FimTokens()
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [1 + (ord(c) - ord("a")) % (self.n_vocab - 1) for c in text]

@@ -329,7 +329,7 @@ class ServerActor(pykka.ThreadingActor):
             return engine.set_lora(message.scales)
         elif isinstance(message, GetTokenizer):
             assert self.actor_backend is not None
-            return Tokenizer(self.actor_backend)
+            return Tokenizer(self.actor_backend, engine.n_ctx_slot)
         elif isinstance(message, Drain):
             return self._start_drain(engine, message)
         else:

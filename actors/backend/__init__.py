@@ -1,5 +1,6 @@
 """The llama.cpp backend: the model, context, batch and samplers behind one small
-interface, the thread-safe tokenizer, and where the default model is found.
+interface, the thread-safe tokenizer (with llama-server's fill-in-the-middle prompts),
+and where the default model is found.
 
 It imports the chat formats and the request contract; ``actors/backend/_llama/`` is the
 only code in the project that imports ``llama_cpp``.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from actors.backend._faults import faults
 from actors.backend._gguf import GgufHeader, read_gguf_header
 from actors.backend._greedy import DeadEnd
+from actors.backend._infill import InfillText, infill_prompt
 from actors.backend._llama import LlamaBackend, SamplerChain, exact_attention
 from actors.backend._lora import check_adapter, check_adapters, default_scales, resolve_lora
 from actors.backend._model import default_model_path, resolve_model_path
@@ -19,6 +21,7 @@ from actors.backend._protocol import (
     Backend,
     BatchRows,
     ChatPrompts,
+    FimTokens,
     KvSequences,
     Sampler,
     Samplers,
@@ -36,7 +39,9 @@ __all__ = [
     "BatchRows",
     "ChatPrompts",
     "DeadEnd",
+    "FimTokens",
     "GgufHeader",
+    "InfillText",
     "KvSequences",
     "LlamaBackend",
     "Sampler",
@@ -53,6 +58,7 @@ __all__ = [
     "default_scales",
     "exact_attention",
     "faults",
+    "infill_prompt",
     "put_rows",
     "read_gguf_header",
     "resolve_lora",

@@ -9,6 +9,7 @@ engine thread unless it says "any thread".
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,6 +23,7 @@ __all__ = [
     "Backend",
     "BatchRows",
     "ChatPrompts",
+    "FimTokens",
     "KvSequences",
     "Sampler",
     "Samplers",
@@ -34,11 +36,38 @@ Triggers = tuple[tuple[str, ...], tuple[int, ...]]
 token ids."""
 
 
+@dataclass(frozen=True, slots=True)
+class FimTokens:
+    """A model's fill-in-the-middle tokens (llama.cpp's ``llama_vocab_fim_*``: from the
+    GGUF's metadata, else found by their text, ``<|fim_prefix|>``, ``<PRE>``...), None
+    where it has none.
+
+    ``pre``, ``suf`` and ``mid`` frame the hole (a model needs all three to infill);
+    ``rep`` opens a repository's name and ``sep`` each of its files, for the repo-level
+    layout (Qwen2.5-Coder's); ``pad`` is the filler some models were trained with.
+    """
+
+    pre: int | None = None
+    suf: int | None = None
+    mid: int | None = None
+    pad: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+
+    @property
+    def missing(self) -> str:
+        """What the model lacks to infill, in llama-server's words (``prefix token is
+        missing. middle token is missing.``); empty when it has all three."""
+        framing = (("prefix", self.pre), ("suffix", self.suf), ("middle", self.mid))
+        return " ".join(f"{name} token is missing." for name, token in framing if token is None)
+
+
 class Vocabulary(Protocol):
     """The model's tokens (any thread)."""
 
     n_vocab: int
     eog_ids: frozenset[int]
+    fim: FimTokens
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text`` (a BOS when ``add_special`` and the model wants one)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from actors.backend._infill import InfillText, infill_prompt
+from actors.backend._protocol import FimTokens
 from actors.contract import Chat, InvalidRequest, checked_template_tools
 
 if TYPE_CHECKING:
@@ -21,8 +23,9 @@ class Tokenizer:
     behind a tick. Thread-safe; after the engine stops, calls raise ``EngineStopped``.
     """
 
-    def __init__(self, backend: LlamaBackend) -> None:
+    def __init__(self, backend: LlamaBackend, n_ctx_slot: int | None = None) -> None:
         self._backend = backend
+        self._n_ctx_slot = n_ctx_slot or backend.n_ctx  # the engine's slot context
 
     @property
     def n_vocab(self) -> int:
@@ -61,6 +64,61 @@ class Tokenizer:
         if not isinstance(ids, Sequence) or isinstance(ids, str | bytes):
             raise InvalidRequest(f"detokenize takes a list of token ids, got {type(ids).__name__}")
         return self._backend.vocab.detokenize(list(ids))
+
+    @property
+    def fim_tokens(self) -> FimTokens:
+        """The model's fill-in-the-middle tokens (None where it has none): it can
+        :meth:`infill` when ``fim_tokens.missing`` is empty."""
+        return self._backend.vocab.fim
+
+    def infill(
+        self,
+        prefix: InfillText,
+        suffix: InfillText,
+        *,
+        extra: Sequence[tuple[str, str]] = (),
+        prompt: str = "",
+        n_ctx: int | None = None,
+        n_batch: int | None = None,
+        n_predict: int = -1,
+        spm: bool = False,
+    ) -> list[int]:
+        """A fill-in-the-middle prompt, as llama-server's ``/infill`` builds it: token ids
+        to generate from (``generate(ref, ids)``, ``GenerateTokens``), which the model
+        answers with the code for the hole between ``prefix`` and ``suffix``.
+
+        The layout is the model's FIM tokens around the parts, after the ``extra``
+        context (``[FIM_REP]``, ``[FIM_SEP]`` per file when the model has them);
+        the prefix keeps its end and the suffix its start within one batch, the extra
+        context its end within what the slot has left (llama-server's budgets).
+
+        Args:
+            prefix: the code before the hole: text, or llama-server's list of text and
+                token ids.
+            suffix: the code after the hole, likewise.
+            extra: more context, ``(filename, text)`` chunks (other files, oldest first).
+            prompt: text already written after ``prefix``, which the model continues.
+            n_ctx: the slot context to fit (default: this engine's ``n_ctx_per_slot``).
+            n_batch: the batch the hole fits (default: this engine's ``n_batch``).
+            n_predict: tokens the request will generate at most (-1: unknown); the
+                extra context leaves room for twice as many.
+            spm: the suffix before the prefix (llama-server's ``--spm-infill``).
+
+        Raises:
+            InvalidRequest: the model has no FIM prefix, suffix or middle token
+                (:attr:`fim_tokens`), or an argument has the wrong type.
+        """
+        return infill_prompt(
+            self._backend.vocab,
+            prefix,
+            suffix,
+            extra=extra,
+            prompt=prompt,
+            n_ctx=self._n_ctx_slot if n_ctx is None else n_ctx,
+            n_batch=self._backend.n_batch if n_batch is None else n_batch,
+            n_predict=n_predict,
+            spm=spm,
+        )
 
     def apply_chat_template(
         self,

@@ -28,7 +28,17 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import EngineError
-from actors.http import _anthropic, _decisions, _embeddings, _info, _models, _native, _openai, _responses
+from actors.http import (
+    _anthropic,
+    _decisions,
+    _embeddings,
+    _infill,
+    _info,
+    _models,
+    _native,
+    _openai,
+    _responses,
+)
 from actors.http._access import ACCESS, Access, log_access
 from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
 from actors.http._generation import error_event
@@ -118,6 +128,7 @@ def _routes() -> list[Route]:
     post: dict[str, Handler] = {
         "/completion": _native.completion,
         "/completions": _native.completion,
+        "/infill": _infill.infill,
         "/v1/completions": _openai.completions,
         "/chat/completions": _openai.chat_completions,
         "/v1/chat/completions": _openai.chat_completions,

@@ -265,6 +265,7 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         cors_headers="*" if v["cors_headers"] is None else v["cors_headers"],
         cors_credentials=v["cors_credentials"] is not False,
         n_predict=-1 if v["n_predict"] is None else v["n_predict"],
+        spm_infill=bool(v["spm_infill"]),
         drain_timeout_s=30.0 if v["drain_timeout"] is None else v["drain_timeout"],
         **{name: v[flag] for flag, name in _CONNECTION_LIMITS if v[flag] is not None},
         loop_nice=10 if v["loop_nice"] is None else v["loop_nice"],

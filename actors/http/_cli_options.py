@@ -214,6 +214,8 @@ _OPTIONS = (
             "n_threads_batch (default: same as --threads)", _integer(-(2**31), 512)),
     _Option("--n-predict", "n_predict", "tokens to predict: the default and cap per request (default: "
             "-1 = up to the slot's context)", _integer(1, 2**31 - 1, extra=(-1,))),
+    _Option("--spm-infill", "spm_infill", "/infill puts the suffix before the prefix (the "
+            "suffix-prefix-middle order some models were trained with; default: disabled)"),
     _Option("--cache-ram", "cache_ram", "RAM prompt cache in MiB, prompt_cache_ram_mb (default: 8192, "
             "ours at most half this machine's memory; -1 = no limit: this machine's memory; 0 = off)",
             _integer(-1, 2**40)),

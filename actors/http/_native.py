@@ -47,9 +47,11 @@ __all__ = [
     "apply_template",
     "complete_all",
     "completion",
+    "completion_options",
     "detokenize",
     "final_json",
     "json_response",
+    "native_reply",
     "prompts_of",
     "tokenize",
 ]
@@ -148,8 +150,16 @@ def generation_settings(service: Service, options: Mapping[str, Any], stream: bo
 
 
 def final_json(
-    service: Service, completion: Completion, options: Mapping[str, Any], *, stream: bool, tokens: bool
+    service: Service,
+    completion: Completion,
+    options: Mapping[str, Any],
+    *,
+    stream: bool,
+    tokens: bool,
+    prompt: str = "",
 ) -> dict[str, Any]:
+    """llama-server's last object of a native completion (``prompt``: the prompt's text,
+    which ``/infill`` shows)."""
     body: dict[str, Any] = {
         "index": 0,
         "content": "" if stream else completion.text,
@@ -160,7 +170,7 @@ def final_json(
         "tokens_predicted": completion.generated_tokens,
         "tokens_evaluated": completion.prompt_tokens,
         "generation_settings": generation_settings(service, options, stream),
-        "prompt": "",
+        "prompt": prompt,
         "has_new_line": "\n" in completion.text,
         "truncated": False,
         "stop_type": stop_type(completion),
@@ -205,6 +215,21 @@ async def completion(request: Request) -> Response | EventStream:
         request_client(request),
         lambda: (prompts_of(body["prompt"], service.tokenize), completion_options(service, body)),
     )
+    return await native_reply(service, request, body, prompts, options)
+
+
+async def native_reply(
+    service: Service,
+    request: Request,
+    body: Mapping[str, Any],
+    prompts: Sequence[str | list[int]],
+    options: dict[str, Any],
+    shown_prompt: str = "",
+) -> Response | EventStream:
+    """The native answer to a request read into ``prompts`` and engine ``options``:
+    llama-server's JSON (one object, or a list for several prompts or choices), or its
+    event stream under ``stream`` (``/completion``'s, and ``/infill``'s, whose last
+    object shows its laid-out prompt as ``shown_prompt``, as llama-server's does)."""
     streaming, per_token = stream_options(body)
     stream = body.get("stream") is True
     return_tokens = body.get("return_tokens") is True
@@ -212,7 +237,10 @@ async def completion(request: Request) -> Response | EventStream:
         # llama-server's order: each prompt's n completions in turn, indexed across them all.
         dones = [done for group in await complete_all(service, request, prompts, options) for done in group]
         results = [
-            {**final_json(service, done, options, stream=False, tokens=return_tokens), "index": i}
+            {
+                **final_json(service, done, options, stream=False, tokens=return_tokens, prompt=shown_prompt),
+                "index": i,
+            }
             for i, done in enumerate(dones)
         ]
         return json_response(results[0] if len(results) == 1 else results)
@@ -221,11 +249,11 @@ async def completion(request: Request) -> Response | EventStream:
     opened = await open_stream(
         service, request, prompt=prompts[0], messages=None, options={**options, **streaming}
     )
-    return EventStream(_native_events(service, opened, options, per_token))
+    return EventStream(_native_events(service, opened, options, per_token, shown_prompt))
 
 
 async def _native_events(
-    service: Service, opened: Opened, options: Mapping[str, Any], per_token: bool
+    service: Service, opened: Opened, options: Mapping[str, Any], per_token: bool, shown_prompt: str
 ) -> AsyncIterator[bytes]:
     n_predicted = [0] * options.get("n", 1)  # each choice's tokens so far
     try:
@@ -258,7 +286,9 @@ async def _native_events(
                     chunk["completion_probabilities"] = logprobs_json([event.logprob], _post(options))
                 yield sse(chunk)
             elif isinstance(event, Done):
-                final = final_json(service, event.completion, options, stream=True, tokens=False)
+                final = final_json(
+                    service, event.completion, options, stream=True, tokens=False, prompt=shown_prompt
+                )
                 yield sse({**final, "index": event.index})
     except HttpError as e:
         yield error_event(e)

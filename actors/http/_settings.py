@@ -46,6 +46,9 @@ class HttpSettings:
         n_predict: the server's default and cap for tokens per request (llama-server's
             ``-n``); -1: up to the context of a slot.
         max_body_bytes: larger request bodies get 413.
+        spm_infill: ``/infill`` puts the suffix before the prefix (llama-server's
+            ``--spm-infill``, the suffix-prefix-middle order some models were trained
+            with).
         max_connections: connections beyond this get a JSON 503 and are closed.
         max_connections_per_client: connections one address may hold, and requests one
             API key may have in flight (when keys are set); beyond it, a JSON 503. None:
@@ -94,6 +97,7 @@ class HttpSettings:
     cors_credentials: bool = True
     n_predict: int = -1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    spm_infill: bool = False
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_client: int | None = None
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
@@ -115,7 +119,7 @@ class HttpSettings:
             value = getattr(self, name)
             if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
                 raise ConfigError(f"{name} must be a tuple of non-empty strings, got {value!r}")
-        for name in ("metrics", "slots", "cors_credentials", "verbose"):
+        for name in ("metrics", "slots", "cors_credentials", "verbose", "spm_infill"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool")
         for name in ("cors_origins", "cors_methods", "cors_headers"):

@@ -302,6 +302,22 @@ def test_native_completion_fields(running: Running) -> None:
     assert banned and all(entry["bias"] is None for entry in banned)  # -inf, as llama-server writes it
 
 
+def test_infill_on_a_model_without_fim_tokens_is_llama_servers_501(running: Running) -> None:
+    # SmolLM2 has <reponame> (FIM_REP) and no prefix, suffix or middle token; the model is
+    # checked before the body, as llama-server does (tests/http/test_http_infill.py: the rest)
+    tokenizer = running.engine.ask(GetTokenizer())
+    assert tokenizer.fim_tokens.missing and tokenizer.fim_tokens.rep is not None
+    for body in ({"input_prefix": "int main() {\n", "input_suffix": "}\n"}, {"input_extra": "no list"}, [1]):
+        response = httpx.post(running.url + "/infill", json=body, timeout=60)
+        assert response.status_code == 501
+        assert response.json()["error"] == {
+            "code": 501,
+            "message": "Infill is not supported by this model: prefix token is missing. "
+            "suffix token is missing. middle token is missing.",
+            "type": "not_supported_error",
+        }
+
+
 def test_native_stream_and_stop_word(running: Running) -> None:
     events = []
     with httpx.stream(

@@ -28,7 +28,8 @@ CapSys = pytest.CaptureFixture[str]
 SUPPORTED = (
     "-m", "--model", "--host", "--port", "-c", "--ctx-size", "-np", "--parallel", "-kvu", "--kv-unified",
     "-no-kvu", "--no-kv-unified", "--kv-unified-per-slot", "-b", "--batch-size", "-ub", "--ubatch-size",
-    "-t", "--threads", "-tb", "--threads-batch", "-n", "--predict", "--n-predict", "-cram", "--cache-ram",
+    "-t", "--threads", "-tb", "--threads-batch", "-n", "--predict", "--n-predict", "--spm-infill",
+    "-cram", "--cache-ram",
     "--cache-prompt", "--no-cache-prompt", "--cache-idle-slots", "--no-cache-idle-slots", "--context-shift",
     "--no-context-shift", "-fa", "--flash-attn",
     "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "-ngl", "--gpu-layers", "--n-gpu-layers",
@@ -254,12 +255,13 @@ def test_settings_flags() -> None:
     s = plan(
         "-c", "64", "--alias", "a, b,,c", "--tags", "t1,t2", "--api-key", "k1,k2", "--metrics",
         "--no-slots", "--cors-origins", "localhost", "--cors-methods", "GET", "--cors-headers", "X-A",
-        "--no-cors-credentials", "-n", "128", "--drain-timeout", "5",
+        "--no-cors-credentials", "-n", "128", "--drain-timeout", "5", "--spm-infill",
     ).settings  # fmt: skip
     assert s.model_ids == ("a", "b", "c") and s.tags == ("t1", "t2") and s.api_keys == ("k1", "k2")
     assert s.metrics and not s.slots and not s.cors_credentials
     assert (s.cors_origins, s.cors_methods, s.cors_headers) == ("localhost", "GET", "X-A")
-    assert s.n_predict == 128 and s.drain_timeout_s == 5
+    assert s.n_predict == 128 and s.drain_timeout_s == 5 and s.spm_infill
+    assert not plan("-c", "64").settings.spm_infill
 
 
 def test_api_key_file_is_read_at_startup(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import llama_cpp as _lc
 import numpy as np
 import numpy.typing as npt
 
+from actors.backend._protocol import FimTokens
 from actors.backend._readers import Readers
 from actors.contract import EngineStopped, InvalidRequest
 
@@ -56,6 +57,23 @@ def file_identity(path: str) -> tuple[object, ...] | None:
     return (os.path.realpath(path), st.st_size, st.st_ino, st.st_mtime_ns)
 
 
+def _fim_tokens(vocab: Any) -> FimTokens:
+    """The model's fill-in-the-middle tokens, as llama.cpp found them at load."""
+
+    def token(read: Any) -> int | None:
+        value = int(read(vocab))
+        return None if value == _lc.LLAMA_TOKEN_NULL else value
+
+    return FimTokens(
+        pre=token(_lc.llama_vocab_fim_pre),
+        suf=token(_lc.llama_vocab_fim_suf),
+        mid=token(_lc.llama_vocab_fim_mid),
+        pad=token(_lc.llama_vocab_fim_pad),
+        rep=token(_lc.llama_vocab_fim_rep),
+        sep=token(_lc.llama_vocab_fim_sep),
+    )
+
+
 class LlamaVocab:
     """A loaded model's vocabulary (any thread; see the module's docstring).
 
@@ -77,6 +95,7 @@ class LlamaVocab:
         self.bos: int = _lc.llama_vocab_bos(vocab)
         self.eos: int = _lc.llama_vocab_eos(vocab)
         self.add_bos: bool = bool(_lc.llama_vocab_get_add_bos(vocab)) and self.bos != -1
+        self.fim = _fim_tokens(vocab)
         tables = self._tables(identity)
         self.eog_ids: frozenset[int] = tables.eog_ids
         self.eog_array: npt.NDArray[np.intp] = np.fromiter(sorted(self.eog_ids), dtype=np.intp)
