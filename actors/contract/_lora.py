@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from actors.contract._checks import MAX_ID_LENGTH, _checked_float, _require, _show, checked_text, is_int
 from actors.contract._errors import InvalidRequest
@@ -183,3 +184,6 @@ class SetLora:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scales", checked_lora(self.scales, "scales") or MappingProxyType({}))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SetLora, (dict(self.scales),))  # a frozen mapping does not pickle

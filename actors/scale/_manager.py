@@ -37,7 +37,9 @@ from actors.contract import (
     Drain,
     EngineStopped,
     GetInfo,
+    GetLora,
     GetStats,
+    SetLora,
     GetTokenizer,
     InvalidRequest,
     ModelLoadError,
@@ -74,7 +76,7 @@ __all__ = ["ModelManager"]
 _DEFAULT_KEEP_ALIVE_S = 300.0
 _WAIT_POLL_S = 0.05  # how often a request waiting for room asks again
 _STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
-_CONTROL = (Cancel, CancelExact, GetStats, Drain, GetInfo, GetTokenizer)
+_CONTROL = (Cancel, CancelExact, GetStats, Drain, GetInfo, GetTokenizer, GetLora, SetLora)
 
 
 class ModelManager:

@@ -47,7 +47,9 @@ from actors.contract import (
     Drain,
     EngineStopped,
     GetInfo,
+    GetLora,
     GetStats,
+    SetLora,
     GetTokenizer,
     QueueFull,
     StreamMessage,
@@ -180,8 +182,10 @@ class ServerPool:
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
         """As ``ActorRef.ask``: ``Generate``, ``GenerateTokens`` and ``Chat`` give a future of
         the Completion; ``GetStats`` a dict with ``replicas`` (each replica's stats) and the
-        sums; ``Drain`` drains every replica and gives the unfinished count; ``GetInfo`` and
-        ``GetTokenizer`` are answered by a replica that is up.
+        sums; ``Drain`` drains every replica and gives the unfinished count; ``GetInfo``,
+        ``GetLora`` and ``GetTokenizer`` are answered by a replica that is up; ``SetLora``
+        is sent to every replica that is up (one that restarts later has its start
+        options' scales).
 
         With ``block=False`` the answer comes wrapped in a resolved future, as pykka does.
         ``timeout`` bounds the wait in either case: a request's admission (then
@@ -200,8 +204,13 @@ class ServerPool:
             answer = self._stats(timeout)
         elif isinstance(message, Drain):
             answer = self._drain(message, timeout)
-        elif isinstance(message, GetInfo | GetTokenizer):
+        elif isinstance(message, GetInfo | GetTokenizer | GetLora):
             answer = self._any_replica(lambda r: r.call(message, timeout))
+        elif isinstance(message, SetLora):  # every replica serves with the same scales
+            answers = [r.call(message, timeout) for name, r in self._replicas.items() if name in self.up()]
+            if not answers:
+                raise EngineStopped("no replica of the pool is up")
+            answer = answers[0]
         else:
             raise TypeError(f"a ServerPool does not handle {message!r}")
         if block:
