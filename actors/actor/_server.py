@@ -326,7 +326,7 @@ class ServerActor(pykka.ThreadingActor):
         elif isinstance(message, GetLora):
             return engine.lora()
         elif isinstance(message, SetLora):
-            return engine.set_lora(message.scales)
+            return engine.set_lora(message.by_adapter)
         elif isinstance(message, GetTokenizer):
             assert self.actor_backend is not None
             return Tokenizer(self.actor_backend, engine.n_ctx_slot)

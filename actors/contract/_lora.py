@@ -180,10 +180,18 @@ class SetLora:
     on without their own ``lora`` run with them; the ask answers the new list (as
     :class:`GetLora`)."""
 
-    scales: LoraScales
+    scales: LoraScales | Sequence[Mapping[str, Any]]
+    """Adapter id or name → scale, or llama-server's ``[{"id", "scale"}]``; stored as a
+    frozen mapping (:attr:`by_adapter`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scales", checked_lora(self.scales, "scales") or MappingProxyType({}))
 
+    @property
+    def by_adapter(self) -> LoraScales:
+        """The scales, adapter id or name → scale (checked)."""
+        assert isinstance(self.scales, Mapping)
+        return self.scales
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (SetLora, (dict(self.scales),))  # a frozen mapping does not pickle
+        return (SetLora, (dict(self.by_adapter),))  # a frozen mapping does not pickle

@@ -34,6 +34,7 @@ from actors.http import (
     _embeddings,
     _infill,
     _info,
+    _lora,
     _models,
     _native,
     _openai,
@@ -124,6 +125,7 @@ def _routes() -> list[Route]:
         "/props": _info.props,
         "/slots": _info.slots,
         "/metrics": _info.metrics,
+        "/lora-adapters": _lora.get_adapters,
     }
     post: dict[str, Handler] = {
         "/completion": _native.completion,
@@ -148,6 +150,7 @@ def _routes() -> list[Route]:
         "/v1/decisions": _decisions.decisions,
         "/models/load": _models.load,  # router mode (404 with one model, as llama-server)
         "/models/unload": _models.unload,
+        "/lora-adapters": _lora.set_adapters,
     }
     return [
         *(Route(path, _endpoint(h, body=False), methods=["GET"]) for path, h in get.items()),

@@ -235,6 +235,11 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
             options[key] = v[dest]
     if v["strategy"] is not None:
         options["batch_strategy"] = _STRATEGIES[v["strategy"]]()
+    if v["lora"]:  # --lora and --lora-scaled, in the order given: the adapters' ids
+        scale_of = (lambda s: 0.0) if v["lora_init_without_apply"] else (lambda s: s)
+        options["lora"] = tuple((path, scale_of(scale)) for path, scale in v["lora"])
+    elif v["lora_init_without_apply"]:
+        notes.append("--lora-init-without-apply has no effect without --lora")
     if v["spec_type"] not in (None, "none"):
         options["spec_type"] = v["spec_type"]
     if v["spec_draft_model"] is not None and v["spec_type"] != "none":

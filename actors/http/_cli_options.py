@@ -106,6 +106,20 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _csv_lora(text: str) -> tuple[tuple[str, float], ...]:
+    return tuple((path, 1.0) for path in _csv(text))
+
+
+def _lora_scaled(text: str) -> tuple[tuple[str, float], ...]:
+    adapters = []
+    for item in _csv(text):
+        path, colon, scale = item.rpartition(":")
+        if not colon or not path:
+            raise ValueError(f"{item!r} is not FNAME:SCALE")
+        adapters.append((path, _number(-100, 100)(scale)))
+    return tuple(adapters)
+
+
 def _hosts(text: str) -> tuple[str, ...]:
     hosts = _csv(text)
     if not hosts:
@@ -214,6 +228,13 @@ _OPTIONS = (
             "n_threads_batch (default: same as --threads)", _integer(-(2**31), 512)),
     _Option("--n-predict", "n_predict", "tokens to predict: the default and cap per request (default: "
             "-1 = up to the slot's context)", _integer(1, 2**31 - 1, extra=(-1,))),
+    _Option("--lora", "lora", "LoRA adapter files, comma-separated, each at scale 1; requests choose "
+            "theirs with 'lora' (ServerActor's lora; default: none)", _csv_lora, "FNAME"),
+    _Option("--lora-scaled", "lora", "LoRA adapter files with their scales, FNAME:SCALE,... (with "
+            "--lora, in the order given: the adapters' ids)", _lora_scaled, "FNAME:SCALE,..."),
+    _Option("--lora-init-without-apply", "lora_init_without_apply", "load the LoRA adapters at scale "
+            "0: requests without 'lora' run the base model until POST /lora-adapters sets scales "
+            "(default: disabled)"),
     _Option("--spm-infill", "spm_infill", "/infill puts the suffix before the prefix (the "
             "suffix-prefix-middle order some models were trained with; default: disabled)"),
     _Option("--cache-ram", "cache_ram", "RAM prompt cache in MiB, prompt_cache_ram_mb (default: 8192, "

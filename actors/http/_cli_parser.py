@@ -68,6 +68,9 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(message)
 
 
+_EXTENDED = frozenset({"api_key", "lora"})
+
+
 class _Extend(argparse.Action):
     """Each occurrence's values added to the ones before (``--api-key a --api-key b,c``)."""
 
@@ -103,8 +106,9 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
                 default=unset,
                 metavar=option.metavar,
                 help=text + env,
-                # llama-server adds the keys of every --api-key; any other flag's last wins.
-                action=_Extend if option.dest == "api_key" else "store",
+                # llama-server adds the keys of every --api-key and the adapters of every
+                # --lora and --lora-scaled; any other flag's last wins.
+                action=_Extend if option.dest in _EXTENDED else "store",
             )
             continue
         refused = _REFUSED_NEGATIONS.get(option.dest)

@@ -55,6 +55,8 @@ async def _decide(
         options: dict[str, Any] = {} if request_id is None else {"request_id": request_id}
         if kwargs is not None:
             options["template_kwargs"] = kwargs
+        if body.get("lora") is not None:
+            options["lora"] = body["lora"]
         return Decide(state, questions, **options)
 
     message = await service.run(make)

@@ -264,6 +264,9 @@ def sampling_options(body: Mapping[str, Any], tokenize: Callable[[str], list[int
         options["post_sampling_probs"] = True  # kept by probabilities() if logprobs are asked for
     if _bool(body, "cache_prompt") is False:
         options["cache_prompt"] = False  # it reuses no one's KV and leaves none of its own
+    lora = body.get("lora")
+    if lora is not None:  # llama-server's [{"id", "scale"}]; checked by the message
+        options["lora"] = lora
     return options
 
 

@@ -39,10 +39,10 @@ from actors.contract import (
     GetInfo,
     GetLora,
     GetStats,
-    SetLora,
     GetTokenizer,
     InvalidRequest,
     ModelLoadError,
+    SetLora,
 )
 from actors.scale._checks import (
     checked_keep_alive,

@@ -49,9 +49,9 @@ from actors.contract import (
     GetInfo,
     GetLora,
     GetStats,
-    SetLora,
     GetTokenizer,
     QueueFull,
+    SetLora,
     StreamMessage,
     Submit,
 )

@@ -125,14 +125,14 @@ def test_scale_zero_is_the_base_model() -> None:
 def test_default_scales_apply_to_requests_without_lora_and_can_change() -> None:
     e = lora_engine()
     assert e.lora() == (LoraAdapter("/fake/a.gguf", 0.0, "a"), LoraAdapter("/fake/b.gguf", 0.0, "b"))
-    listed = e.set_lora(SetLora({"b": 0.5}).scales)
+    listed = e.set_lora(SetLora({"b": 0.5}).by_adapter)
     assert [a.scale for a in listed] == [0.0, 0.5]
     p = prompt(7, 12)
     f = submit(e, p, max_tokens=5)
     run(e)
     assert list(result(f).token_ids) == solo_of(e, p, 5, B)
     with pytest.raises(InvalidRequest, match="does not have"):
-        e.set_lora(SetLora({"c": 1.0}).scales)
+        e.set_lora(SetLora({"c": 1.0}).by_adapter)
     assert GetLora() == GetLora()
 
 
