@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-decisions bench-smoke compat clients clean
+.PHONY: install demo test test-fast lint docs bench-peers bench bench-http bench-speculative bench-embeddings bench-decisions bench-lora bench-smoke compat clients clean
 
 # llama.cpp compiles for this CPU (GGML_NATIVE) but without AMX: on a Sapphire Rapids
 # VM ggml's AMX matmul kills the process at its first ldtilecfg (seen 2026-12-02, in
@@ -110,6 +110,13 @@ bench-embeddings: install
 bench-decisions: install
 	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
 	$(PY) bench/decisions.py
+
+# Tenants with their own LoRA adapters at concurrency 8 against the same load without,
+# ours and llama-server's, and what one switch of adapter set costs (bench/lora.py):
+# bench/results/lora.md.
+bench-lora: install
+	LLAMA_SERVER_BIN=$$(test -x $(PEERS)/llama-server && echo $(PEERS)/llama-server) \
+	$(PY) bench/lora.py
 
 # The bench scripts' smoke tests, which make test leaves out (the suite's time budget).
 bench-smoke: install

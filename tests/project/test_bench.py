@@ -178,3 +178,10 @@ def test_embeddings(tmp_path: Path) -> None:
 def test_decisions(tmp_path: Path) -> None:
     out = run("decisions.py", tmp_path, "--state-tokens", "100", "--rounds", "1")
     assert "one Decide, 8 questions" in out and "| 8 chats" in (tmp_path / "decisions.md").read_text()
+
+
+@pytest.mark.bench_smoke
+@pytest.mark.timeout(450)
+def test_lora(tmp_path: Path) -> None:
+    out = run("lora.py", tmp_path, "--tenants", "2", "--quanta", "2", "--requests", "1", "--max-tokens", "4")
+    assert "2 tenants, quantum 2 (default)" in out and "switch costs" in (tmp_path / "lora.md").read_text()
