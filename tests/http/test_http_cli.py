@@ -29,6 +29,7 @@ SUPPORTED = (
     "-m", "--model", "--host", "--port", "-c", "--ctx-size", "-np", "--parallel", "-kvu", "--kv-unified",
     "-no-kvu", "--no-kv-unified", "--kv-unified-per-slot", "-b", "--batch-size", "-ub", "--ubatch-size",
     "-t", "--threads", "-tb", "--threads-batch", "-n", "--predict", "--n-predict", "--spm-infill",
+    "--lora", "--lora-scaled", "--lora-init-without-apply",
     "-cram", "--cache-ram",
     "--cache-prompt", "--no-cache-prompt", "--cache-idle-slots", "--no-cache-idle-slots", "--context-shift",
     "--no-context-shift", "-fa", "--flash-attn",
@@ -425,7 +426,9 @@ def test_unsupported_flag_is_refused_by_name(capsys: CapSys, flag: str) -> None:
 
 
 def test_unsupported_flag_after_supported_ones_and_with_equals(capsys: CapSys) -> None:
-    assert "--lora is a llama-server flag" in refusal(capsys, "-c", "64", "--lora=adapter.gguf")
+    assert "--control-vector is a llama-server flag" in refusal(
+        capsys, "-c", "64", "--control-vector=cv.gguf"
+    )
     assert "--mmproj is a llama-server flag" in refusal(capsys, "-c", "64", "--mmproj=x.gguf", "--port", "1")
 
 
@@ -537,8 +540,8 @@ def test_bad_value_is_a_clean_error(capsys: CapSys, argv: list[str], message: st
 
 
 def test_parse_raises_cli_error() -> None:
-    with pytest.raises(CliError, match="--lora is a llama-server flag") as info:
-        plan("--lora", "x")
+    with pytest.raises(CliError, match="--control-vector is a llama-server flag") as info:
+        plan("--control-vector", "x")
     assert info.value.code == 2
 
 
@@ -600,14 +603,14 @@ def test_start_engine_raises_config_error() -> None:
 @pytest.mark.subprocess
 def test_python_dash_m() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "actors.http", "serve", "--lora", "x"],
+        [sys.executable, "-m", "actors.http", "serve", "--control-vector", "x"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 2
-    assert "--lora is a llama-server flag that llama-cpp-actors does not support" in done.stderr
+    assert "--control-vector is a llama-server flag that llama-cpp-actors does not support" in done.stderr
 
 
 def test_speculative_decoding_flags(capsys: CapSys) -> None:
@@ -729,3 +732,18 @@ def test_the_defaults_that_differ_from_the_librarys_are_the_documented_ones() ->
 def test_an_unwritable_log_file_is_a_clean_error(capsys: CapSys, tmp_path: Path) -> None:
     message = refusal(capsys, "-c", "512", "--log-file", str(tmp_path / "no" / "such" / "dir.log"))
     assert "cannot write the log file" in message and "No such file or directory" in message
+
+
+def test_lora_flags_keep_their_order_and_scales() -> None:
+    lora = plan(
+        "-c", "64", "--lora-scaled", "b.gguf:0.5,c.gguf:-1", "--lora", "a.gguf,d.gguf"
+    ).server_options["lora"]
+    assert lora == (("b.gguf", 0.5), ("c.gguf", -1.0), ("a.gguf", 1.0), ("d.gguf", 1.0))
+    off = plan("-c", "64", "--lora", "a.gguf", "--lora-init-without-apply").server_options["lora"]
+    assert off == (("a.gguf", 0.0),)
+    assert "no effect without --lora" in " ".join(plan("-c", "64", "--lora-init-without-apply").notes)
+
+
+@pytest.mark.parametrize("value", ["a.gguf", "a.gguf:", ":0.5", "a.gguf:x", "a.gguf:1e9"])
+def test_a_bad_lora_scaled_is_a_clean_error(capsys: CapSys, value: str) -> None:
+    assert "--lora-scaled" in refusal(capsys, "-c", "64", "--lora-scaled", value)
