@@ -22,15 +22,10 @@ import pykka
 from actors.contract import (
     STREAMING,
     AdmittedMessage,
-    Cancel,
-    CancelExact,
+    ControlMessage,
     Decide,
-    Drain,
     Embed,
     EngineError,
-    GetInfo,
-    GetStats,
-    GetTokenizer,
     Submit,
 )
 from actors.engine import Prepared, PreparedDecision, PreparedEmbed, prepare, prepare_decision, prepare_embed
@@ -39,8 +34,6 @@ if TYPE_CHECKING:
     from actors.backend import LlamaBackend
 
 __all__ = ["EngineRef"]
-
-_CALLER_MESSAGES = (Cancel, CancelExact, GetStats, GetInfo, GetTokenizer, Drain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +115,7 @@ class EngineRef(pykka.ActorRef[Any]):
             request, future = message, None
         else:
             # Only our own messages: pykka's (its stop message, proxies' calls) pass as they are.
-            return _Told(message) if told and isinstance(message, _CALLER_MESSAGES) else message
+            return _Told(message) if told and isinstance(message, ControlMessage) else message
         prepared: Prepared | PreparedEmbed | PreparedDecision | None = None
         error: EngineError | None = None
         backend, limit = self.backend, self.n_ctx_slot

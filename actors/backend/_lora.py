@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from actors.backend._gguf import GgufHeader, read_gguf_header
-from actors.contract import InvalidRequest, LoraAdapter, LoraScales, ModelLoadError
+from actors.contract import MAX_LORA_SCALE, InvalidRequest, LoraAdapter, LoraScales, ModelLoadError
 
 __all__ = ["check_adapter", "check_adapters", "default_scales", "resolve_lora"]
 
@@ -121,7 +121,13 @@ def resolve_lora(
         scales = [0.0] * len(loaded)
         names = {adapter.name: i for i, adapter in enumerate(loaded)}
         for key, scale in lora.items():
-            index = key if isinstance(key, int) else names.get(key, -1)
+            # Checked by the message's constructor; again, for a message changed since.
+            if not (isinstance(scale, float) and abs(scale) <= MAX_LORA_SCALE):
+                raise InvalidRequest(f"lora's scale of {key!r} must be a finite number, got {scale!r}")
+            if isinstance(key, str):
+                index = names.get(key, -1)
+            else:
+                index = key if isinstance(key, int) and not isinstance(key, bool) else -1
             if not 0 <= index < len(loaded):
                 have = ", ".join(f"{i}: {a.name!r}" for i, a in enumerate(loaded)) or "none"
                 raise InvalidRequest(

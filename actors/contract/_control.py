@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from actors.contract._checks import MAX_ID_LENGTH, _checked_float, _require, _show, checked_text
 from actors.contract._decide import Decide
 from actors.contract._embed import Embed
+from actors.contract._lora import GetLora, SetLora
 from actors.contract._messages import RequestMessage, SubmitMessage
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ __all__ = [
     "AskedMessage",
     "Cancel",
     "CancelExact",
+    "ControlMessage",
     "Drain",
     "GetInfo",
     "GetStats",
@@ -105,3 +107,9 @@ class Submit:
 @dataclass(frozen=True, slots=True)
 class GetTokenizer:
     """Ask for an ``actors.Tokenizer`` that tokenizes in the caller's thread."""
+
+
+ControlMessage = Cancel | CancelExact | GetStats | GetInfo | GetTokenizer | GetLora | SetLora | Drain
+"""Every message a caller sends that is no request: an engine answers each when asked,
+and logs the failure of one told (a told message never takes the engine down); a
+``ModelManager`` answers each itself or routes it to a model."""

@@ -34,15 +34,12 @@ from actors.contract import (
     Cancel,
     CancelExact,
     ConfigError,
+    ControlMessage,
     Drain,
     EngineStopped,
-    GetInfo,
-    GetLora,
     GetStats,
-    GetTokenizer,
     InvalidRequest,
     ModelLoadError,
-    SetLora,
 )
 from actors.scale._checks import (
     checked_keep_alive,
@@ -76,7 +73,6 @@ __all__ = ["ModelManager"]
 _DEFAULT_KEEP_ALIVE_S = 300.0
 _WAIT_POLL_S = 0.05  # how often a request waiting for room asks again
 _STATS_TIMEOUT_S = 1.0  # an engine still loading answers GetStats only once loaded
-_CONTROL = (Cancel, CancelExact, GetStats, Drain, GetInfo, GetTokenizer, GetLora, SetLora)
 
 
 class ModelManager:
@@ -273,8 +269,9 @@ class ModelManager:
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
         """As ``ActorRef.ask``: a request goes to its ``model`` (loaded if needed) and is
         answered as that model's engine answers it; ``GetStats`` gives every model's
-        state and its engine's stats; ``GetInfo`` and ``GetTokenizer`` are the default
-        model's; ``Drain`` drains every model, then stops the manager.
+        state and its engine's stats; ``GetInfo``, ``GetTokenizer``, ``GetLora`` and
+        ``SetLora`` are the default model's; ``Drain`` drains every model, then stops the
+        manager.
         """
         return self._ask(message, getattr(message, "model", None), block, timeout)
 
@@ -324,7 +321,7 @@ class ModelManager:
 
     def _ask(self, message: Any, name: str | None, block: bool, timeout: float | None) -> Any:
         timeout = checked_timeout(timeout)
-        if isinstance(message, _CONTROL):
+        if isinstance(message, ControlMessage):
             answer = self._control(message, name, timeout)
             if block:
                 return answer
@@ -341,7 +338,7 @@ class ModelManager:
             tell_quietly(self._actor, Release(model, request_id))
 
     def _tell(self, message: Any, name: str | None) -> None:
-        if isinstance(message, _CONTROL):
+        if isinstance(message, ControlMessage):
             self._control(message, name, None)
             return
         request_id = routed_id(message)

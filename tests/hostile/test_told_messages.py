@@ -39,11 +39,13 @@ from actors import (
     Generate,
     GenerateTokens,
     GetInfo,
+    GetLora,
     GetStats,
     GetTokenizer,
     InvalidRequest,
     QueueFull,
     ServerPool,
+    SetLora,
     Stream,
     StreamChat,
     StreamTokens,
@@ -344,4 +346,21 @@ def _tampered_decisions_are_refused_and_the_engine_serves_on(c: Child) -> None:
         c.ref.tell(bad)
     decision = decide(c.ref, "A state.", questions, timeout=30)
     assert set(decision.answers) == {"q"}
+    c.serves(c.ref)
+
+
+@case("c04")
+def _tampered_lora_and_lora_control_are_refused_and_the_engine_serves_on(c: Child) -> None:
+    good = Generate("Hi", max_tokens=2, lora={})
+    for lora in ([{"id": 0}], {0: float("nan")}, {True: 1.0}, "x", {object(): 1.0}, {0: 1.0}):
+        bad = _tampered(good, lora=lora)
+        c.refused(c.ref, bad)
+        c.ref.tell(bad)
+    setter = SetLora({})
+    for scales in (None, [1, 2], {"none": 1.0}, {0: 1.0}):
+        bad_set = _tampered(setter, scales=scales)
+        c.ref.tell(bad_set)
+        with pytest.raises(EngineError):
+            c.ref.ask(bad_set, timeout=10)
+    assert c.ref.ask(GetLora(), timeout=10) == ()
     c.serves(c.ref)

@@ -24,6 +24,7 @@ from actors import (
     Generate,
     GenerateTokens,
     GetInfo,
+    GetLora,
     GetStats,
     GetTokenizer,
     InvalidRequest,
@@ -31,6 +32,7 @@ from actors import (
     QueueFull,
     ServerActor,
     ServerPool,
+    SetLora,
     Stream,
     StreamChat,
     Token,
@@ -65,6 +67,9 @@ def test_the_pool_answers_what_an_engine_answers(pool: ServerPool) -> None:
     assert chat(pool, [{"role": "user", "content": "Hi"}], max_tokens=3).text is not None
     question = {"q": {"type": "score", "instructions": "How warm?", "criteria": ["cold", "warm", "hot"]}}
     assert decide(pool, "It is 35 degrees.", question, timeout=60).answers["q"].type == "score"
+    assert pool.ask(GetLora()) == () and pool.ask(SetLora({})) == ()  # no adapters: none to set
+    with pytest.raises(InvalidRequest, match="does not have"):
+        pool.ask(SetLora({0: 1.0}))
     q: queue.Queue[Any] = queue.Queue()
     pool.tell(StreamChat([{"role": "user", "content": "Hi"}], reply_to=q, max_tokens=2, logit_bias=NO_EOG))
     assert isinstance(drain(q)[-1], Done)
