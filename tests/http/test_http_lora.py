@@ -113,10 +113,24 @@ def test_post_wants_an_array(running: Running) -> None:
     assert response.status_code == 400 and "array" in response.text
 
 
-def test_serve_refuses_an_adapter_of_another_model_before_listening(tmp_path: Path) -> None:
-    wrong = write_lora(tmp_path / "other.gguf", architecture="qwen2")
+@pytest.mark.subprocess
+def test_serve_refuses_an_adapter_of_another_model_before_listening(model_path: str, tmp_path: Path) -> None:
+    wrong = write_lora(tmp_path / "other.gguf", base=model_path, architecture="qwen2")
     done = subprocess.run(
-        [sys.executable, "-m", "actors.http", "serve", "--port", "0", "-c", "512", "--lora", wrong],
+        [
+            sys.executable,
+            "-m",
+            "actors.http",
+            "serve",
+            "-m",
+            model_path,
+            "--port",
+            "0",
+            "-c",
+            "512",
+            "--lora",
+            wrong,
+        ],
         capture_output=True,
         text=True,
         timeout=120,
