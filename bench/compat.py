@@ -84,6 +84,8 @@ FILES = (
     "test_compat_anthropic.py",
     "test_compat_oai_responses.py",
     "test_infill.py",  # POST /infill (fill-in-the-middle)
+    "test_slot_save.py",  # POST /slots/{id}?action=save|restore|erase (--slot-save-path)
+    "test_sleep.py",  # --sleep-idle-seconds
 )
 
 # Files whose tests marked slow run too (the others run ``not slow``).

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from actors.backend import DeadEnd, FimTokens
+from actors.backend import DeadEnd, FimTokens, KvIdentity
 from actors.chat import ReplySpec, TemplateInfo, ToolGrammar
 from actors.contract import Chat, InvalidRequest, LoraAdapter, SamplingParams, StreamChat
 
@@ -375,6 +375,13 @@ class FakeBackend:
         self.sampling = FakeSampling(self.rows)
         self.chat = FakeChat()
         self.closed = False
+        # What a saved KV state is valid for: a test makes "another model" by changing it.
+        self.kv_identity = KvIdentity(
+            "fake-model", (1, 1), tuple(f"fake:{a.name}" for a in self.adapters.loaded)
+        )
+
+    def identity(self) -> KvIdentity:
+        return self.kv_identity
 
     def close(self) -> None:
         assert not self.closed, "closed twice"

@@ -8,7 +8,7 @@ It imports the engine core, the backend and the request contract (and ``strategi
 
 from __future__ import annotations
 
-from actors.actor._estimate import MemoryEstimate, estimate_memory, estimate_options
+from actors.actor._estimate import MemoryEstimate, estimate_memory, estimate_options, kv_file_bound
 from actors.actor._options import OPTION_NAMES, ServerOptions, StartOptions, check_options
 from actors.actor._server import ServerActor
 from actors.actor._supervisor import Supervisor
@@ -23,4 +23,5 @@ __all__ = [
     "check_options",
     "estimate_memory",
     "estimate_options",
+    "kv_file_bound",
 ]

@@ -38,7 +38,7 @@ from actors.actor._options import StartOptions, check_options
 from actors.backend import GgufHeader, read_gguf_header, resolve_model_path
 from actors.contract import ModelLoadError
 
-__all__ = ["MemoryEstimate", "estimate_memory", "estimate_options"]
+__all__ = ["MemoryEstimate", "estimate_memory", "estimate_options", "kv_file_bound"]
 
 _MIB = 1 << 20
 # ggml_type -> bytes per element of the KV types llama.cpp accepts for its cache.
@@ -58,6 +58,7 @@ _EMBED_PASS_ROWS = 256  # actors.engine._embedding.MAX_PASS_ROWS
 _OVERHEAD_FIXED = 10 * _MIB
 _OVERHEAD_PER_CELL = 300
 _OVERHEAD_PER_TOKEN = 320
+_KV_FILE_FALLBACK = 1 << 31  # when the header gives no estimate
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,3 +177,15 @@ def estimate_memory(
         ModelLoadError: the model file is missing or its header unreadable.
     """
     return estimate_options(check_options(model_path=model_path, **server_options))
+
+
+def kv_file_bound(options: StartOptions) -> int:
+    """The most bytes of KV state a slot file may hold for an engine of ``options``
+    (caller's thread): no sequence holds more than the whole KV cache, so twice its
+    estimate and 1 MiB (llama.cpp's per-cell positions and header) bound any true one.
+    2 GiB when the header gives no estimate."""
+    try:
+        kv_mb = _parts(_header(resolve_model_path(options.model_path)), options)[1]
+    except ModelLoadError:
+        return _KV_FILE_FALLBACK
+    return int(2 * kv_mb * _MIB) + _MIB

@@ -20,6 +20,7 @@ import pykka
 
 import telemetry
 from actors.actor._crashes import TickCrashed, crashes, live_servers
+from actors.actor._estimate import kv_file_bound
 from actors.actor._loading import engine_info, load_draft, load_model
 from actors.actor._options import ServerOptions
 from actors.actor._ref import TICK, EngineRef, _Admit, _Told
@@ -35,6 +36,7 @@ from actors.contract import (
     Embed,
     EngineError,
     EngineStopped,
+    EraseSlot,
     Failed,
     GetInfo,
     GetLora,
@@ -42,6 +44,8 @@ from actors.contract import (
     GetTokenizer,
     InvalidRequest,
     RequestMessage,
+    RestoreSlot,
+    SaveSlot,
     SetLora,
     Submit,
 )
@@ -115,6 +119,7 @@ class ServerActor(pykka.ThreadingActor):
             )
         )
         self.actor_config = checked.engine_config()
+        self.actor_config.kv_file_max_bytes = kv_file_bound(checked)
         self.actor_chat_template = checked.chat_template
         self.actor_chat_template_kwargs = checked.chat_template_kwargs
         self.actor_engine: Engine | None = None
@@ -327,6 +332,12 @@ class ServerActor(pykka.ThreadingActor):
             return engine.lora()
         elif isinstance(message, SetLora):
             return engine.set_lora(message.by_adapter)
+        elif isinstance(message, SaveSlot):
+            return engine.save_slot(message)
+        elif isinstance(message, RestoreSlot):
+            return engine.restore_slot(message)
+        elif isinstance(message, EraseSlot):
+            return engine.erase_slot(message)
         elif isinstance(message, GetTokenizer):
             assert self.actor_backend is not None
             return Tokenizer(self.actor_backend, engine.n_ctx_slot)

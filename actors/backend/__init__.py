@@ -8,6 +8,7 @@ only code in the project that imports ``llama_cpp``.
 
 from __future__ import annotations
 
+from actors.backend._digest import file_digest
 from actors.backend._faults import faults
 from actors.backend._gguf import GgufHeader, read_gguf_header
 from actors.backend._greedy import DeadEnd
@@ -22,6 +23,7 @@ from actors.backend._protocol import (
     BatchRows,
     ChatPrompts,
     FimTokens,
+    KvIdentity,
     KvSequences,
     Sampler,
     Samplers,
@@ -42,6 +44,7 @@ __all__ = [
     "FimTokens",
     "GgufHeader",
     "InfillText",
+    "KvIdentity",
     "KvSequences",
     "LlamaBackend",
     "Sampler",
@@ -58,6 +61,7 @@ __all__ = [
     "default_scales",
     "exact_attention",
     "faults",
+    "file_digest",
     "infill_prompt",
     "put_rows",
     "read_gguf_header",

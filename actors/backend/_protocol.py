@@ -24,6 +24,7 @@ __all__ = [
     "BatchRows",
     "ChatPrompts",
     "FimTokens",
+    "KvIdentity",
     "KvSequences",
     "Sampler",
     "Samplers",
@@ -60,6 +61,22 @@ class FimTokens:
         missing. middle token is missing.``); empty when it has all three."""
         framing = (("prefix", self.pre), ("suffix", self.suf), ("middle", self.mid))
         return " ".join(f"{name} token is missing." for name, token in framing if token is None)
+
+
+@dataclass(frozen=True, slots=True)
+class KvIdentity:
+    """What a saved KV state is valid for: a state another model, KV cache type or LoRA
+    adapter computed is refused (llama.cpp would load one of the same shape silently).
+
+    Attributes:
+        model: the model file's content digest (``actors.backend._digest``).
+        kv_types: ggml's type ids of the K and V caches (1: f16, llama.cpp's default).
+        adapters: each loaded LoRA adapter's file digest, in id order.
+    """
+
+    model: str
+    kv_types: tuple[int, int]
+    adapters: tuple[str, ...] = ()
 
 
 class Vocabulary(Protocol):
@@ -266,6 +283,11 @@ class Backend(Protocol):
 
     @property
     def chat(self) -> ChatPrompts: ...
+
+    def identity(self) -> KvIdentity:
+        """What this context's saved KV states are valid for (engine thread; the files
+        are read at the first call only)."""
+        ...
 
     def close(self) -> None:
         """Free the model and context (engine thread, once)."""

@@ -92,6 +92,7 @@ from actors.contract._results import (
 )
 from actors.contract._sampling import ReplyTo, SamplingParams, put_nowait
 from actors.contract._schema import grammar_for_schema
+from actors.contract._slot_files import MAX_SLOT_PATH, EraseSlot, RestoreSlot, SaveSlot, SlotFile
 
 __all__ = [
     "MAX_ADAPTERS",
@@ -100,6 +101,7 @@ __all__ = [
     "MAX_LORA_SCALE",
     "MAX_OPTIONS",
     "MAX_QUESTIONS",
+    "MAX_SLOT_PATH",
     "POOLINGS",
     "STREAMING",
     "AdmittedMessage",
@@ -121,6 +123,7 @@ __all__ = [
     "EngineError",
     "EngineHandle",
     "EngineStopped",
+    "EraseSlot",
     "Failed",
     "Generate",
     "GenerateTokens",
@@ -143,8 +146,11 @@ __all__ = [
     "ReplyTo",
     "RequestMessage",
     "RequestTimeout",
+    "RestoreSlot",
     "SamplingParams",
+    "SaveSlot",
     "SetLora",
+    "SlotFile",
     "StopReason",
     "StrategyError",
     "Stream",

@@ -13,6 +13,7 @@ from actors.contract._decide import Decide
 from actors.contract._embed import Embed
 from actors.contract._lora import GetLora, SetLora
 from actors.contract._messages import RequestMessage, SubmitMessage
+from actors.contract._slot_files import EraseSlot, RestoreSlot, SaveSlot
 
 if TYPE_CHECKING:
     import pykka
@@ -109,7 +110,19 @@ class GetTokenizer:
     """Ask for an ``actors.Tokenizer`` that tokenizes in the caller's thread."""
 
 
-ControlMessage = Cancel | CancelExact | GetStats | GetInfo | GetTokenizer | GetLora | SetLora | Drain
+ControlMessage = (
+    Cancel
+    | CancelExact
+    | GetStats
+    | GetInfo
+    | GetTokenizer
+    | GetLora
+    | SetLora
+    | SaveSlot
+    | RestoreSlot
+    | EraseSlot
+    | Drain
+)
 """Every message a caller sends that is no request: an engine answers each when asked,
 and logs the failure of one told (a told message never takes the engine down); a
 ``ModelManager`` answers each itself or routes it to a model."""

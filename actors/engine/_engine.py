@@ -20,7 +20,16 @@ import pykka
 
 import telemetry
 from actors.backend import Backend, default_scales, faults
-from actors.contract import EngineError, LoraAdapter, LoraScales, ReplyTo
+from actors.contract import (
+    EngineError,
+    EraseSlot,
+    LoraAdapter,
+    LoraScales,
+    ReplyTo,
+    RestoreSlot,
+    SaveSlot,
+    SlotFile,
+)
 from actors.engine._batch import Segment
 from actors.engine._decisions import PreparedDecision
 from actors.engine._drafting import DraftPlanner
@@ -31,6 +40,7 @@ from actors.engine._output_stage import OutputStage
 from actors.engine._prepare import Prepared
 from actors.engine._runner import Runner
 from actors.engine._scheduler import Scheduler, Stall
+from actors.engine._slot_files import SlotFiles
 from actors.engine._slots import Request, Slot
 from actors.engine._speculative import CostModel, Drafter
 from actors.engine._state import EngineConfig, EngineState, TickCounts
@@ -68,6 +78,7 @@ class Engine:
         drafts = DraftPlanner(state, state.drafter) if state.drafter is not None else None
         self.scheduler = Scheduler(state, self.lifecycle, drafts, on_stall)
         self.embed_pass = EmbedPass(state)
+        self.slot_files = SlotFiles(state)
 
     def step(self) -> None:
         """One tick, top to bottom; the README's tick diagram names these functions.
@@ -156,6 +167,18 @@ class Engine:
         """
         self.state.lora_scales = default_scales(self.state.backend.adapters.loaded, scales)
         return self.lora()
+
+    def save_slot(self, message: SaveSlot) -> SlotFile:
+        """Write a slot's tokens and KV to a file (see :meth:`SlotFiles.save`)."""
+        return self.slot_files.save(message)
+
+    def restore_slot(self, message: RestoreSlot) -> SlotFile:
+        """Load a slot file into an idle slot (see :meth:`SlotFiles.restore`)."""
+        return self.slot_files.restore(message)
+
+    def erase_slot(self, message: EraseSlot) -> int:
+        """Drop what a slot (or a session) holds; the tokens dropped (see :meth:`SlotFiles.erase`)."""
+        return self.slot_files.erase(message)
 
     @property
     def has_work(self) -> bool:

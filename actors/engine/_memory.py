@@ -26,7 +26,7 @@ from typing import Any
 
 from actors.backend import Backend
 from actors.engine._cells import CellLedger
-from actors.engine._prefix import PrefixIndex, PrefixMatch
+from actors.engine._prefix import CacheScope, PrefixIndex, PrefixMatch
 from actors.engine._ram_cache import RamCache, RamEntry
 from actors.engine._slots import Request, Slot
 from strategies import SlotState
@@ -102,6 +102,44 @@ class KVMemory:
         self.cells.clear(slot.seq_id)
         self.index.remove(slot.seq_id)
         slot.cached.clear()
+
+    def load(
+        self, slot: Slot, scope: CacheScope, tokens: list[int], state: bytes, make_room: MakeRoom
+    ) -> str | None:
+        """Make ``slot`` hold a saved sequence (a slot file's): its KV ``state``, which
+        holds ``tokens``, computed in ``scope``. What the slot held goes to RAM first,
+        as when a request takes it.
+
+        Returns None once loaded, else why not (the slot is then left empty): the KV
+        has no room for it, llama.cpp refused the state, or the state does not hold
+        as many positions as ``tokens``.
+        """
+        self.forget(slot)
+        self.plans.remove(slot.seq_id)
+        seq, need = slot.seq_id, len(tokens)
+        if self.free_cells < need and not make_room(need, frozenset()):
+            return f"the KV cache has no room for its {need} tokens now ({self.free_cells} cells free)"
+        if not self.backend.kv.restore(seq, state):
+            self.backend.kv.clear(seq)  # whatever a failed load left
+            return "llama.cpp refused its KV state (another model or KV layout)"
+        if self.backend.kv.pos_max(seq) + 1 != need:
+            self.backend.kv.clear(seq)
+            return f"its KV state does not hold its {need} tokens"
+        slot.cached = list(tokens)
+        slot.scope, slot.shifted = scope, False
+        self.cells.compute(seq, need)
+        if self.cache_prompt:
+            self.index.put(seq, scope, slot.cached)
+        return None
+
+    def erase(self, slot: Slot) -> int:
+        """Drop what ``slot`` holds without saving it (a slot file's erase); how many
+        tokens it held."""
+        held = len(slot.cached)
+        self.drop(slot)
+        self.plans.remove(slot.seq_id)
+        slot.scope, slot.session, slot.shifted = (None, ()), None, False
+        return held
 
     def shift(self, slot: Slot, n_keep: int, n_discard: int) -> bool:
         """Context shift: drop ``[n_keep, n_keep + n_discard)``, move the rest back.
@@ -315,7 +353,9 @@ class KVMemory:
             or self.ram.covers(slot.scope, slot.cached)
         ):
             return
-        entry = RamEntry(slot.scope, list(slot.cached), self.backend.kv.save(slot.seq_id))
+        entry = RamEntry(
+            slot.scope, list(slot.cached), self.backend.kv.save(slot.seq_id), session=slot.session
+        )
         for evicted in self.ram.add(entry):
             self._ram_event("evict", evicted)
         if entry.key in self.ram.entries:

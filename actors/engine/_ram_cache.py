@@ -18,13 +18,15 @@ __all__ = ["RamCache", "RamEntry"]
 
 @dataclass(slots=True, eq=False)
 class RamEntry:
-    """One saved sequence: its tokens (in position order) and its KV state."""
+    """One saved sequence: its tokens (in position order), its KV state, and the session
+    of the slot it came from."""
 
     scope: CacheScope
     tokens: list[int]
     state: bytes
     t_last_used: float = field(default_factory=time.monotonic)
     key: Hashable = None
+    session: str | None = None
 
 
 class RamCache:
@@ -67,6 +69,16 @@ class RamCache:
         """The RAM entry among ``matches`` (the index's, longest first) and its length."""
         found = self._ram(matches)
         return found[0] if found else (None, 0)
+
+    def of_session(self, cache_scope: str | None, session: str) -> list[RamEntry]:
+        """The entries a slot of ``session`` (of ``cache_scope``) left, newest first."""
+        found = [e for e in self.entries.values() if e.session == session and e.scope[0] == cache_scope]
+        return sorted(found, key=lambda e: e.t_last_used, reverse=True)
+
+    def discard(self, entry: RamEntry) -> None:
+        """Drop ``entry`` (a slot file's erase)."""
+        if entry.key in self.entries:
+            self._drop(entry)
 
     def _drop(self, entry: RamEntry) -> None:
         del self.entries[entry.key]

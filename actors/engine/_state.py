@@ -31,8 +31,8 @@ class EngineConfig:
 
     __slots__ = (
         "batch_strategy", "cache_idle_slots", "cache_prompt", "chunk_size", "context_shift",
-        "defaults", "draft_max", "draft_p_min", "max_queue", "n_ctx_per_slot", "name",
-        "prefix_sharing", "ram_budget_bytes", "spec_type",
+        "defaults", "draft_max", "draft_p_min", "kv_file_max_bytes", "max_queue", "n_ctx_per_slot",
+        "name", "prefix_sharing", "ram_budget_bytes", "spec_type",
     )  # fmt: skip
 
     def __init__(
@@ -52,8 +52,11 @@ class EngineConfig:
         draft_max: int = 16,
         draft_p_min: float = 0.0,
         cache_idle_slots: bool = True,
+        kv_file_max_bytes: int = 1 << 31,
     ) -> None:
         self.name = name
+        # The largest KV state a slot file may hold: a hostile file is never read whole.
+        self.kv_file_max_bytes = kv_file_max_bytes
         self.cache_idle_slots = cache_idle_slots
         self.spec_type = spec_type
         self.draft_max = draft_max

@@ -374,7 +374,7 @@ class ModelManager:
             return stats["models"][name]
         if isinstance(message, Drain):
             return self._drain(message)
-        model, pool = self._lease(name)  # GetInfo, GetTokenizer: the model's own
+        model, pool = self._lease(name)  # GetInfo, GetTokenizer, LoRA, slot files: the model's own
         try:
             return pool.ask(message, timeout=timeout)
         finally:

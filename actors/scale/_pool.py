@@ -46,11 +46,15 @@ from actors.contract import (
     ConfigError,
     Drain,
     EngineStopped,
+    EraseSlot,
     GetInfo,
     GetLora,
     GetStats,
     GetTokenizer,
+    InvalidRequest,
     QueueFull,
+    RestoreSlot,
+    SaveSlot,
     SetLora,
     StreamMessage,
     Submit,
@@ -185,7 +189,9 @@ class ServerPool:
         sums; ``Drain`` drains every replica and gives the unfinished count; ``GetInfo``,
         ``GetLora`` and ``GetTokenizer`` are answered by a replica that is up; ``SetLora``
         is sent to every replica that is up (one that restarts later has its start
-        options' scales).
+        options' scales); ``SaveSlot``, ``RestoreSlot`` and ``EraseSlot`` go to the one
+        replica of a pool of one (each replica has slots of its own: a pool of more
+        refuses them).
 
         With ``block=False`` the answer comes wrapped in a resolved future, as pykka does.
         ``timeout`` bounds the wait in either case: a request's admission (then
@@ -205,6 +211,13 @@ class ServerPool:
         elif isinstance(message, Drain):
             answer = self._drain(message, timeout)
         elif isinstance(message, GetInfo | GetTokenizer | GetLora):
+            answer = self._any_replica(lambda r: r.call(message, timeout))
+        elif isinstance(message, SaveSlot | RestoreSlot | EraseSlot):
+            if len(self._replicas) != 1:
+                raise InvalidRequest(
+                    f"slot files name one engine's slots, and this pool has {len(self._replicas)} "
+                    "replicas, each with slots of its own: use a pool of one"
+                )
             answer = self._any_replica(lambda r: r.call(message, timeout))
         elif isinstance(message, SetLora):  # every replica serves with the same scales
             answers = [r.call(message, timeout) for name, r in self._replicas.items() if name in self.up()]

@@ -21,12 +21,14 @@ from typing import Any
 
 import llama_cpp as _lc
 
+from actors.backend._digest import file_digest
 from actors.backend._llama._adapters import LlamaAdapters
 from actors.backend._llama._chat import LlamaChat
 from actors.backend._llama._context import LlamaKv, LlamaRows
 from actors.backend._llama._sampling import LlamaSampling
 from actors.backend._llama._vocab import LlamaVocab, file_identity
 from actors.backend._options import BackendOptions
+from actors.backend._protocol import KvIdentity
 from actors.backend._readers import Readers
 from actors.contract import ConfigError, LoraAdapter, ModelLoadError
 
@@ -139,6 +141,7 @@ class LlamaBackend:
             ConfigError: ``draft`` and the model is recurrent or hybrid.
         """
         self.options = options
+        self._identity: KvIdentity | None = None
         model_params = _lc.llama_model_default_params()
         if on_progress is not None:
             # llama.cpp calls it from the loading thread (this one); returning False
@@ -251,6 +254,22 @@ class LlamaBackend:
             return custom
         raw = _lc.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8") if raw else None
+
+    def identity(self) -> KvIdentity:
+        """What this context's saved KV states are valid for (actor thread): the model's
+        and adapters' digests (about 2 MiB read from each file, once) and the KV types."""
+        if self._identity is None:
+            options = self.options
+            kv_types = (
+                1 if options.type_k is None else options.type_k,
+                1 if options.type_v is None else options.type_v,
+            )
+            self._identity = KvIdentity(
+                file_digest(options.model_path),
+                kv_types,
+                tuple(file_digest(a.path) for a in self.adapters.loaded),
+            )
+        return self._identity
 
     # -- lifetime ----------------------------------------------------------------
 
