@@ -107,7 +107,9 @@ class Completion:
     reused from the KV cache instead of being decoded. ``index`` is the choice, of a
     request with ``n`` > 1 (0 otherwise). With speculative decoding, ``draft_tokens``
     draft tokens were verified for it and ``draft_accepted`` of them were right (each
-    one a token that cost no forward pass of its own).
+    one a token that cost no forward pass of its own). ``slot`` is the slot that ran it
+    last, which holds its KV now (what ``SaveSlot(path, slot=...)`` saves); -1 when it
+    never entered one.
     """
 
     request_id: str
@@ -126,6 +128,7 @@ class Completion:
     draft_accepted: int = 0
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    slot: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,7 @@ class Lifecycle:
             draft_accepted=request.draft_accepted,
             reasoning=reasoning,
             tool_calls=calls,
+            slot=request.seq_id,
         )
 
     def _forget(self, request: Request) -> None:

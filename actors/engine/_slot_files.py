@@ -3,7 +3,7 @@ carried out between ticks (see :mod:`actors.contract._slot_files` for what they 
 
 Runs in the engine's thread, like everything that touches the KV cache: a save or
 restore reads or writes the file there, at disk speed (a few MB for a small model's
-slot, about 0.1 MB per token for a 7B model in f16), and the other slots wait for it as
+slot, 0.1 to 0.5 MB a token for a 7B model in f16), and the other slots wait for it as
 they wait for any tick. Files are read with every count bounded first
 (:mod:`actors.engine._kv_format`): by the slot's context for tokens and by the KV
 cache's size for the state.
@@ -95,9 +95,10 @@ class SlotFiles:
                 raise InvalidRequest(f"slot {slot.seq_id}'s KV does not hold its tokens alone: not saved")
             tokens, scope, session = list(slot.cached), slot.scope, slot.session
             saved = backend.kv.save(slot.seq_id)
-        else:
-            assert message.session is not None
+        elif message.session is not None:
             tokens, scope, session, saved, where = self._session_kv(message.cache_scope, message.session)
+        else:
+            raise InvalidRequest("name the slot: slot=<its index> or session=<the session that filled it>")
         identity = backend.identity()
         digests = tuple(identity.adapters[adapter] for adapter, _ in scope[1])
         kv = KvFile(identity.model, identity.kv_types, scope, digests, session, tokens, saved)
@@ -193,7 +194,8 @@ class SlotFiles:
         memory = self.state.memory
         if message.slot is not None:
             return memory.erase(self._idle(message.slot, "erase"))
-        assert message.session is not None
+        if message.session is None:
+            raise InvalidRequest("name the slot: slot=<its index> or session=<the session that filled it>")
         erased = sum(memory.erase(slot) for slot in self._of_session(message.cache_scope, message.session))
         if memory.ram is not None:
             for entry in memory.ram.of_session(message.cache_scope, message.session):

@@ -1,6 +1,7 @@
 """The ASGI app: routes at llama-server's paths, and one gate in front of them that
 answers CORS preflights, refuses requests while loading or draining (503), checks the
-API key in constant time (401), and counts requests in flight.
+API key in constant time (401), wakes a sleeping model for a request that needs it
+(``--sleep-idle-seconds``, :mod:`actors.http._sleep`), and counts requests in flight.
 
 Runs on the event loop. Handlers raise ``HttpError`` or an ``EngineError``; the route
 wrapper turns each into llama-server's error body, and anything unexpected into a 500
@@ -39,6 +40,7 @@ from actors.http import (
     _native,
     _openai,
     _responses,
+    _slot_actions,
 )
 from actors.http._access import ACCESS, Access, log_access
 from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
@@ -139,6 +141,8 @@ def _routes() -> list[Route]:
         "/v1/messages": _anthropic.messages,
         "/v1/responses": _responses.responses,
         "/responses": _responses.responses,
+        "/v1/responses/input_tokens": _responses.input_tokens,
+        "/responses/input_tokens": _responses.input_tokens,
         "/v1/messages/count_tokens": _anthropic.count_tokens,
         "/tokenize": _native.tokenize,
         "/detokenize": _native.detokenize,
@@ -151,6 +155,7 @@ def _routes() -> list[Route]:
         "/models/load": _models.load,  # router mode (404 with one model, as llama-server)
         "/models/unload": _models.unload,
         "/lora-adapters": _lora.set_adapters,
+        "/slots/{id_slot}": _slot_actions.slot_action,
     }
     return [
         *(Route(path, _endpoint(h, body=False), methods=["GET"]) for path, h in get.items()),
@@ -292,6 +297,15 @@ class _Gate:
         if service.draining:
             await self._reply(send, 503, "the server is shutting down", cors)
             return
+        sleeper = service.sleeper
+        if sleeper is not None and not sleeper.wakes(scope["method"], scope["path"]):
+            sleeper = None  # /health, /props...: answered asleep, and no activity
+        if sleeper is not None:
+            try:
+                await sleeper.enter()  # a sleeping model loads again first
+            except HttpError as e:
+                await self._reply(send, e.status, e.message, cors)
+                return
 
         started: list[bool] = []  # [is an event stream], once the response has begun
 
@@ -326,6 +340,8 @@ class _Gate:
                     await send({"type": "http.response.body", "body": ending})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            if sleeper is not None:
+                sleeper.leave()
             service.in_flight -= 1
             if key is not None:
                 self.per_key[key] -= 1
@@ -354,6 +370,8 @@ def create_app(settings: HttpSettings, start_engine: Callable[[], Any]) -> ASGIA
             yield
         finally:
             loading.cancel()
+            if service.sleeper is not None:
+                service.sleeper.stop()
             await asyncio.to_thread(service.close)
 
     app = Starlette(

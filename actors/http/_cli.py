@@ -277,6 +277,8 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
         chat_template_kwargs=tuple(kwargs),
         verbose=bool(v["verbose"]),
         pooling=v["pooling"],
+        slot_save_path=v["slot_save_path"],
+        sleep_idle_s=v["sleep_idle_seconds"],
     )
     if v["verbose"]:
         log_level = "debug"
@@ -315,6 +317,9 @@ def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan
     entries = model_entries(v["models_dir"], preset, serve, notes)
     models: dict[str, dict[str, Any]] = {}
     per_model: list[tuple[str, HttpSettings]] = []
+    # llama-server's router passes --sleep-idle-seconds to each model's server: here a
+    # model's keep-alive is that sleep (the model unloads, its next request loads it).
+    keep_alive = v["models_keep_alive"] if v["models_keep_alive"] is not None else v["sleep_idle_seconds"]
     plan: ServePlan | None = None
     for entry in entries:
         try:
@@ -327,11 +332,11 @@ def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan
         models[entry.name] = {
             **plan.server_options,
             "load": "eager" if entry.eager else "lazy",
-            "keep_alive_s": entry.keep_alive_s if entry.keep_alive_s is not None else v["models_keep_alive"],
+            "keep_alive_s": entry.keep_alive_s if entry.keep_alive_s is not None else keep_alive,
             "pinned": entry.pinned,
             "replicas": 1 if plan.pool_options is None else plan.pool_options["replicas"],
         }
-        per_model.append((entry.name, replace(plan.settings, model_ids=(entry.name,))))
+        per_model.append((entry.name, replace(plan.settings, model_ids=(entry.name,), sleep_idle_s=None)))
     assert plan is not None  # model_entries gives at least one
     default_cache = _cache_ram_mb(None)
     if len(models) > 1 and any(m["prompt_cache_ram_mb"] == default_cache for m in models.values()):
@@ -349,6 +354,7 @@ def _router_plan(v: Mapping[str, Any], normalized: Any, serve: Any) -> ServePlan
         plan.settings,
         model_ids=(),
         tags=(),
+        sleep_idle_s=None,
         models=tuple(per_model),
         models_autoload=manager["autoload"],
         models_max=manager["max_models"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -143,6 +144,21 @@ def _budget(text: str) -> int | None:
     if value < -1:
         raise ValueError("must be -1 (no bound) or a number of tokens >= 0")
     return None if value == -1 else value
+
+
+def _directory(text: str) -> str:
+    # llama-server refuses a path that is not a directory now; resolved once, so that
+    # a file's path is checked against where the folder really is.
+    if not os.path.isdir(text):
+        raise ValueError(f"not a directory: {text}")
+    return os.path.realpath(text)
+
+
+def _sleep_seconds(text: str) -> int | None:
+    seconds = _integer(-1)(text)
+    if seconds == 0:
+        raise ValueError("0 is out of range: -1 (never) or a number of seconds >= 1")
+    return None if seconds == -1 else seconds
 
 
 def _template_kwargs(text: str) -> tuple[tuple[str, Any], ...]:
@@ -279,6 +295,13 @@ _OPTIONS = (
     _Option("--tags", "tags", "model tags, comma-separated (informational)", _csv, "STRING"),
     _Option("--metrics", "metrics", "serve GET /metrics, Prometheus text (default: disabled)"),
     _Option("--slots", "slots", "serve GET /slots (default: enabled)"),
+    _Option("--slot-save-path", "slot_save_path", "the folder of slot files: serve POST "
+            "/slots/{id}?action=save|restore|erase, whose filenames name files in it (default: "
+            "disabled)", _directory, "PATH"),
+    _Option("--sleep-idle-seconds", "sleep_idle_seconds", "unload the model after this many seconds "
+            "without a request; the next request loads it again (/health, /props, /models and "
+            "/metrics do not wake it; in router mode, each model's --models-keep-alive) (default: -1 "
+            "= never)", _sleep_seconds, "SECONDS"),
     _Option("--cors-origins", "cors_origins", "allowed CORS origins, comma-separated; 'localhost' "
             "echoes only a localhost Origin (default: *)", str, "ORIGINS"),
     _Option("--cors-methods", "cors_methods", "allowed CORS methods (default: GET, POST, DELETE, "

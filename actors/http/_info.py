@@ -2,7 +2,9 @@
 and ``/metrics``, in llama-server's shapes.
 
 Handlers run on the event loop; the engine's load comes from ``GetStats`` in a worker
-thread, and the slots from the last ``tick`` signal.
+thread, and the slots from the last ``tick`` signal. While the model sleeps
+(``--sleep-idle-seconds``) ``/health``, ``/props``, ``/models`` and ``/metrics`` answer
+from what the server read before, without waking it.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ def _service(request: Request) -> Service:
 
 
 async def health(request: Request) -> Response:
-    """``GET /health``: 200 once the model has loaded (the gate answers 503 before), 503
-    if the engine has stopped since."""
-    engine = _service(request).handle()
+    """``GET /health``: 200 once the model has loaded (the gate answers 503 before), and
+    while it sleeps; 503 if the engine has stopped since."""
+    service = _service(request)
+    if service.sleeping:
+        return json_response({"status": "ok"})
+    engine = service.handle()
     if not engine.is_alive():
         raise HttpError(503, "the engine has stopped")
     return json_response({"status": "ok"})
@@ -91,7 +96,7 @@ async def props(request: Request) -> Response:
             "modalities": {"vision": False, "audio": False},
             "chat_template": "",
             "build_info": f"llama-cpp-actors {actors.__version__}",
-            "is_sleeping": False,
+            "is_sleeping": service.sleeping,
         }
     )
 
@@ -133,7 +138,14 @@ async def metrics(request: Request) -> Response:
     if service.metrics is None:
         raise HttpError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
     metrics = service.metrics
-    text = await service.call(lambda: metrics.render(service.handle().ask(GetStats(), timeout=10)))
+
+    def render() -> str:
+        # Asleep, the engine's gauges are those of the moment it went to sleep.
+        return metrics.render(
+            service.stats if service.sleeping else service.handle().ask(GetStats(), timeout=10)
+        )
+
+    text = await service.call(render)
     response = Response(text, media_type="text/plain; version=0.0.4")
     # Appended raw: Starlette lowercases header names, llama-server's clients read this one as is.
     response.raw_headers.append((b"Process-Start-Time-Unix", str(int(service.t_started)).encode()))

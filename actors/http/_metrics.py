@@ -2,7 +2,10 @@
 unchanged, followed by the engine's own ``llama_cpp_actors_*`` metrics.
 
 The receivers run in the engine's thread and only add to numbers under a lock; the
-text is rendered in a worker thread of the event loop.
+text is rendered in a worker thread of the event loop. As llama-server's, the two
+throughput gauges (``prompt_tokens_seconds``, ``predicted_tokens_seconds``) are
+averaged over the window between two scrapes: each scrape reports the requests that
+ended since the one before, then starts a new window.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ _SERIES = (
     ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
 )
 
+# The throughput window's sums: prompt tokens and their seconds, generated tokens and theirs.
+_WINDOW = ("prompt", "prompt_s", "predicted", "predicted_s")
+
 
 class Metrics:
     """Counts from the engine's signals, rendered as Prometheus text.
@@ -48,6 +54,7 @@ class Metrics:
 
         self._lock = threading.Lock()
         self._values: dict[str, float] = {name: 0.0 for name, _, _ in _SERIES}
+        self._window = dict.fromkeys(_WINDOW, 0.0)  # since the last scrape
         self._busy_slots = 0
         self.registry = CollectorRegistry()
         self._exporter = PrometheusExporter(self.registry)
@@ -67,13 +74,18 @@ class Metrics:
     def _on_finished(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         cached = measurements["prefix_cache_tokens"]
         ttft_ms, duration_ms = measurements["ttft_ms"], measurements["duration_ms"]
+        prompt, prompt_s = measurements["prompt_tokens"] - cached, ttft_ms / 1000.0
+        predicted = measurements["generated_tokens"]
+        predicted_s = max(duration_ms - ttft_ms, 0.0) / 1000.0
         with self._lock:
-            v = self._values
-            v["prompt_tokens_total"] += measurements["prompt_tokens"] - cached
+            v, w = self._values, self._window
+            for name, value in zip(_WINDOW, (prompt, prompt_s, predicted, predicted_s), strict=True):
+                w[name] += value
+            v["prompt_tokens_total"] += prompt
             v["prompt_tokens_cached_total"] += cached
-            v["prompt_seconds_total"] += ttft_ms / 1000.0
-            v["tokens_predicted_total"] += measurements["generated_tokens"]
-            v["tokens_predicted_seconds_total"] += max(duration_ms - ttft_ms, 0.0) / 1000.0
+            v["prompt_seconds_total"] += prompt_s
+            v["tokens_predicted_total"] += predicted
+            v["tokens_predicted_seconds_total"] += predicted_s
 
     def _on_tick(self, sender: Any, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         with self._lock:
@@ -93,19 +105,14 @@ class Metrics:
 
         with self._lock:
             v = dict(self._values)
+            w, self._window = self._window, dict.fromkeys(_WINDOW, 0.0)
             busy = self._busy_slots
         v["requests_processing"] = stats.get("active_slots", 0)
         v["requests_deferred"] = stats.get("queue_depth", 0)
         n_decode = v["n_decode_total"]
         v["n_busy_slots_per_decode"] = busy / n_decode if n_decode else 0.0
-        v["prompt_tokens_seconds"] = (
-            v["prompt_tokens_total"] / v["prompt_seconds_total"] if v["prompt_seconds_total"] else 0.0
-        )
-        v["predicted_tokens_seconds"] = (
-            v["tokens_predicted_total"] / v["tokens_predicted_seconds_total"]
-            if v["tokens_predicted_seconds_total"]
-            else 0.0
-        )
+        v["prompt_tokens_seconds"] = w["prompt"] / w["prompt_s"] if w["prompt_s"] else 0.0
+        v["predicted_tokens_seconds"] = w["predicted"] / w["predicted_s"] if w["predicted_s"] else 0.0
         lines = []
         for name, kind, help_text in _SERIES:
             lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}"]

@@ -164,7 +164,7 @@ def final_json(
         "index": 0,
         "content": "" if stream else completion.text,
         "tokens": list(completion.token_ids) if tokens and not stream else [],
-        "id_slot": -1,
+        "id_slot": completion.slot,
         "stop": True,
         "model": service.model_ids[0],
         "tokens_predicted": completion.generated_tokens,

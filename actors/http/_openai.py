@@ -48,7 +48,7 @@ from actors.http._params import (
 from actors.http._service import Service, request_client, routed
 from actors.http._stream import EventStream
 
-__all__ = ["chat_completions", "chat_options", "completions", "input_tokens"]
+__all__ = ["chat_completions", "chat_options", "completions", "count_chat_tokens", "input_tokens"]
 
 _FINGERPRINT = f"llama-cpp-actors-{actors.__version__}"
 _DONE = b"data: [DONE]\n\n"
@@ -335,6 +335,11 @@ async def input_tokens(request: Request) -> Response:
     body = request.state.json
     if not isinstance(body, dict):
         raise HttpError(400, "the request body must be a JSON object")
+    return json_response({"input_tokens": await count_chat_tokens(service, body)})
+
+
+async def count_chat_tokens(service: Service, body: Mapping[str, Any]) -> int:
+    """How many tokens the prompt of the chat ``body`` (an OpenAI chat body) has."""
     messages = chat_messages(body.get("messages"))
     render = {**continuation(body, messages), **tools_option(body)}
     variables = template_kwargs(service.settings.chat_template_kwargs, body) or None
@@ -345,7 +350,7 @@ async def input_tokens(request: Request) -> Response:
         return len(tokenizer.tokenize(prompt, add_special=True, parse_special=True))
 
     try:
-        return json_response({"input_tokens": await service.run(count)})
+        return await service.run(count)
     except EngineError as e:
         raise from_engine_error(e) from None
 

@@ -9,6 +9,7 @@ fields become an OpenAI chat body for the same parser; the completion is rendere
 ``response.output_item.added``, ``response.output_text.delta``, ...,
 ``response.completed``), each with its ``sequence_number``. Stateless: a
 ``previous_response_id`` is refused (the server stores no responses).
+``POST /v1/responses/input_tokens`` counts the prompt such a request would have.
 
 Handlers run on the event loop; the engine is reached only through the public helpers.
 """
@@ -38,13 +39,13 @@ from actors.http._generation import (
     timings,
 )
 from actors.http._native import json_response
-from actors.http._openai import chat_options
+from actors.http._openai import chat_options, count_chat_tokens
 from actors.http._params import echoed_model, stream_options
 from actors.http._responses_input import openai_body
 from actors.http._service import Service, request_client, routed
 from actors.http._stream import EventStream
 
-__all__ = ["responses"]
+__all__ = ["input_tokens", "responses"]
 
 
 def _fail(message: str) -> HttpError:
@@ -158,6 +159,16 @@ async def responses(request: Request) -> Response | EventStream:
         return json_response(_finished(response, done, ids))
     opened = await open_stream(service, request, prompt=None, messages=messages, options=options)
     return EventStream(_Events(response, ids, per_token).run(opened))
+
+
+async def input_tokens(request: Request) -> Response:
+    """``POST /v1/responses/input_tokens``: how many tokens the response's prompt has
+    (its instructions, input items and tools rendered as the chat it becomes)."""
+    service = await routed(request)
+    body = request.state.json
+    if not isinstance(body, dict):
+        raise HttpError(400, "the request body must be a JSON object")
+    return json_response({"input_tokens": await count_chat_tokens(service, openai_body(body))})
 
 
 @dataclass(slots=True)

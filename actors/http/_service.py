@@ -1,6 +1,6 @@
 """The engine as the HTTP layer sees it: the handle, what it reported at load, its
 slots as the last ``tick`` showed them, and the server's own state (loading, ready,
-draining, requests in flight).
+draining, sleeping, requests in flight).
 
 In router mode (several models, ``HttpSettings.models``) the engine is a
 ``ModelManager``, and each model gets a view of its own, a ``Service`` made when the
@@ -30,6 +30,7 @@ from actors.http._errors import HttpError
 from actors.http._metrics import Metrics
 from actors.http._params import MAX_CHOICES, Limits
 from actors.http._settings import HttpSettings
+from actors.http._sleep import Sleeper
 from actors.http._stream import unless_disconnected
 from actors.http._views import ModelViews
 
@@ -88,6 +89,7 @@ class Service:
         self.on_load_failed: Callable[[], None] | None = None
         self.on_ready: Callable[[], None] | None = None  # serve's banner
         self.draining = False
+        self.sleeper: Sleeper | None = None  # --sleep-idle-seconds, once loaded
         self.in_flight = 0
         self.tasks: set[asyncio.Task[Any]] = set()  # every request being handled
         self.drain_expired = False
@@ -134,6 +136,9 @@ class Service:
         self.ready = self.load_error is None
         if self.ready:
             lower_priority(self.settings.loop_nice)
+            if self.settings.sleep_idle_s is not None and not self.settings.models:
+                self.sleeper = Sleeper(self, self.settings.sleep_idle_s)
+                self.sleeper.start()
             if self.on_ready is not None:
                 self.on_ready()
         if self.load_error is not None and self.on_load_failed is not None:
@@ -199,6 +204,11 @@ class Service:
                 _log.warning("stopping the engine: %s", e)
 
     # -- what handlers read ----------------------------------------------------------
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether the model is unloaded for idleness (``--sleep-idle-seconds``)."""
+        return self.sleeper is not None and self.sleeper.sleeping
 
     @property
     def model_path(self) -> str:

@@ -84,6 +84,11 @@ class HttpSettings:
         models_autoload: router mode: a request for a model that is not loaded loads
             it (``--models-autoload``; a request's ``?autoload=`` decides for itself).
         models_max: router mode: what ``/props`` reports as ``max_instances``.
+        slot_save_path: the folder of slot files (``--slot-save-path``, resolved): serve
+            ``POST /slots/{id}?action=save|restore|erase``; None: those answer 501.
+        sleep_idle_s: unload the model after this many seconds without a request, and
+            load it again for the next (``--sleep-idle-seconds``); None: never. One
+            model only (router mode unloads idle models by their keep-alive).
     """
 
     model_ids: tuple[str, ...] = ()
@@ -113,6 +118,8 @@ class HttpSettings:
     models: tuple[tuple[str, HttpSettings], ...] = ()
     models_autoload: bool = True
     models_max: int = 4
+    slot_save_path: str | None = None
+    sleep_idle_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_ids", "tags", "api_keys"):
@@ -157,6 +164,15 @@ class HttpSettings:
             raise ConfigError("models_autoload must be a bool")
         if type(self.models_max) is not int or self.models_max < 0:
             raise ConfigError(f"models_max must be an int >= 0, got {self.models_max!r}")
+        if self.slot_save_path is not None and (
+            not isinstance(self.slot_save_path, str) or not self.slot_save_path
+        ):
+            raise ConfigError(f"slot_save_path must be a folder's path or None, got {self.slot_save_path!r}")
+        sleep = self.sleep_idle_s
+        if sleep is not None and (
+            isinstance(sleep, bool) or not isinstance(sleep, int | float) or not 0 < sleep < 1e9
+        ):
+            raise ConfigError(f"sleep_idle_s must be a number of seconds > 0 or None, got {sleep!r}")
         if not isinstance(self.drain_timeout_s, int | float) or not 0 <= self.drain_timeout_s <= 3600:
             raise ConfigError(
                 f"drain_timeout_s must be within [0, 3600] seconds, got {self.drain_timeout_s!r}"

@@ -35,6 +35,7 @@ from actors import (
     Drain,
     EngineError,
     EngineStopped,
+    EraseSlot,
     Failed,
     Generate,
     GenerateTokens,
@@ -44,6 +45,8 @@ from actors import (
     GetTokenizer,
     InvalidRequest,
     QueueFull,
+    RestoreSlot,
+    SaveSlot,
     ServerPool,
     SetLora,
     Stream,
@@ -363,4 +366,24 @@ def _tampered_lora_and_lora_control_are_refused_and_the_engine_serves_on(c: Chil
         with pytest.raises(EngineError):
             c.ref.ask(bad_set, timeout=10)
     assert c.ref.ask(GetLora(), timeout=10) == ()
+    c.serves(c.ref)
+
+
+@case("c04")
+def _tampered_slot_file_messages_are_refused_and_the_engine_serves_on(c: Child) -> None:
+    missing = "/nonexistent/slot.bin"
+    tampered = [
+        _tampered(SaveSlot(missing, slot=0), slot="0"),
+        _tampered(SaveSlot(missing, slot=0), slot=10**9),
+        _tampered(SaveSlot(missing, slot=0), path=object()),
+        _tampered(RestoreSlot(missing), path="a\x00b"),
+        _tampered(RestoreSlot(missing), slot=-1),
+        _tampered(RestoreSlot(missing), path=LONE),
+        _tampered(EraseSlot(slot=0), slot=1.5),
+        _tampered(EraseSlot(slot=0), slot=None),
+    ]
+    for bad in tampered:
+        c.ref.tell(bad)
+        with pytest.raises(EngineError):
+            c.ref.ask(bad, timeout=10)
     c.serves(c.ref)

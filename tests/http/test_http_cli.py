@@ -7,6 +7,7 @@ Parsing only: no server starts and no model loads (``serve`` is replaced where
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
 import sys
@@ -36,7 +37,8 @@ SUPPORTED = (
     "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "-ngl", "--gpu-layers", "--n-gpu-layers",
     "--temp", "--temperature", "--top-k", "--top-p", "--min-p", "-s", "--seed", "--repeat-last-n",
     "--repeat-penalty", "--presence-penalty", "--frequency-penalty", "--api-key", "--api-key-file",
-    "-a", "--alias", "--tags", "--metrics", "--slots", "--no-slots", "--cors-origins", "--cors-methods",
+    "-a", "--alias", "--tags", "--metrics", "--slots", "--no-slots", "--slot-save-path",
+    "--sleep-idle-seconds", "--cors-origins", "--cors-methods",
     "--cors-headers", "--cors-credentials", "--no-cors-credentials", "-rea", "--reasoning",
     "--reasoning-format", "--reasoning-budget", "--reasoning-budget-message",
     "--chat-template-kwargs", "--chat-template", "--chat-template-file", "-v", "--verbose", "--log-verbose",
@@ -263,6 +265,15 @@ def test_settings_flags() -> None:
     assert (s.cors_origins, s.cors_methods, s.cors_headers) == ("localhost", "GET", "X-A")
     assert s.n_predict == 128 and s.drain_timeout_s == 5 and s.spm_infill
     assert not plan("-c", "64").settings.spm_infill
+
+
+def test_slot_save_path_and_sleep(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    s = plan("-c", "64", "--slot-save-path", str(tmp_path / "link"), "--sleep-idle-seconds", "30").settings
+    assert s.slot_save_path == os.path.realpath(tmp_path / "real") and s.sleep_idle_s == 30
+    s = plan("-c", "64", "--sleep-idle-seconds", "-1").settings
+    assert s.slot_save_path is None and s.sleep_idle_s is None
 
 
 def test_api_key_file_is_read_at_startup(tmp_path: Path) -> None:
@@ -533,6 +544,9 @@ def test_not_a_llama_server_flag_is_argparses_error(capsys: CapSys) -> None:
         (["--kv-unified-per-slot", "1"], "argument --kv-unified-per-slot"),
         (["--api-key-file", "/nonexistent/keys"], "cannot read the API key file"),
         (["-c"], "expected one argument"),
+        (["--slot-save-path", "/nonexistent/slots"], "not a directory: /nonexistent/slots"),
+        (["--sleep-idle-seconds", "0"], "0 is out of range: -1 (never) or a number of seconds >= 1"),
+        (["--sleep-idle-seconds", "-2"], "argument --sleep-idle-seconds: -2 is out of range"),
     ],
 )
 def test_bad_value_is_a_clean_error(capsys: CapSys, argv: list[str], message: str) -> None:

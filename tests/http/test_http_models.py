@@ -396,6 +396,9 @@ def test_precedence_command_line_then_section_then_globals(tmp_path: Path, tiny_
     )
     assert (models["a"]["n_ctx"], models["b"]["n_ctx"], models["a"]["temp"]) == (1024, 1024, 0.7)
     assert models["a"]["keep_alive_s"] == 9.0 and models["b"]["keep_alive_s"] == 5.0
+    # llama-server's router passes --sleep-idle-seconds to each model: its keep-alive here.
+    models = _models("--models-preset", str(preset), "--sleep-idle-seconds", "7")
+    assert models["a"]["keep_alive_s"] == 7 and models["b"]["keep_alive_s"] == 5.0
     plan = parse(
         ["serve", "--models-preset", str(preset), "--models-max", "0", "--models-memory-mb", "900"], {}
     )

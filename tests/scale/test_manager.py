@@ -25,6 +25,7 @@ from actors import (
     Done,
     Drain,
     EngineStopped,
+    EraseSlot,
     Failed,
     Generate,
     GetInfo,
@@ -504,6 +505,8 @@ def test_a_model_handle_answers_for_its_model(managers: Callable[..., ModelManag
     stats = handle.ask(GetStats())
     assert stats["state"] == "ready" and stats["engine"]["replicas_up"] == 1
     assert handle.ask(GetInfo())["n_ctx"] == 512
+    held = sum(s.kv_tokens for s in handle.ask(GetStats())["engine"]["slots"])
+    assert handle.ask(EraseSlot(session="nobody")) == 0 and held > 0  # slot files reach the model
     with pytest.raises(InvalidRequest, match="drain the manager"):
         handle.ask(Drain())
     assert states(manager) == {"a": "ready", "b": "unloaded"}

@@ -20,6 +20,7 @@ from actors import (
     ConfigError,
     Done,
     EngineStopped,
+    EraseSlot,
     Failed,
     Generate,
     GenerateTokens,
@@ -70,6 +71,8 @@ def test_the_pool_answers_what_an_engine_answers(pool: ServerPool) -> None:
     assert pool.ask(GetLora()) == () and pool.ask(SetLora({})) == ()  # no adapters: none to set
     with pytest.raises(InvalidRequest, match="does not have"):
         pool.ask(SetLora({0: 1.0}))
+    with pytest.raises(InvalidRequest, match="this pool has 2 replicas, each with slots of its own"):
+        pool.ask(EraseSlot(slot=0))
     q: queue.Queue[Any] = queue.Queue()
     pool.tell(StreamChat([{"role": "user", "content": "Hi"}], reply_to=q, max_tokens=2, logit_bias=NO_EOG))
     assert isinstance(drain(q)[-1], Done)
