@@ -31,7 +31,7 @@ __all__ = ["PASSIVE", "Sleeper"]
 _log = logging.getLogger("llama_cpp_actors.http")
 
 PASSIVE = frozenset({"/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics"})
-"""Paths whose ``GET`` answers without the model and does not count as activity."""
+"""Paths whose ``GET`` (and ``HEAD``) answers without the model and is no activity."""
 _STOP_TIMEOUT_S = 30.0
 _MAX_POLL_S = 0.25
 
@@ -80,7 +80,7 @@ class Sleeper:
     @staticmethod
     def wakes(method: str, path: str) -> bool:
         """Whether a request needs the model (and so counts as activity)."""
-        return not (method == "GET" and path in PASSIVE)
+        return not (method in ("GET", "HEAD") and path in PASSIVE)
 
     async def enter(self) -> None:
         """A request that needs the model begins: wake it first if it sleeps.
@@ -112,6 +112,7 @@ class Sleeper:
         if service.load_error is not None:
             error = service.load_error
             service.engine = None
+            _log.error("the model failed to load again after sleeping: %s", error)
             raise HttpError(503, f"the model failed to load again after sleeping: {error}")
         self.sleeping = False
         self._t_idle = time.monotonic()
