@@ -18,6 +18,8 @@ parts below it (``.importlinter`` keeps it so), and a tick reads plan → execut
 - ``_decisions``: a ``Decide`` as a leader that prefills the state and one request
   per question over its cells, each read from its labels' logits.
 - ``_embed_pass``: a tick's embedding pass, priced against generation.
+- ``_slot_files``: a slot's tokens and KV saved to a file and restored, between ticks
+  (``_kv_format``: the file, checked before it is read).
 - ``_state``: the shared state and the telemetry it sends.
 """
 
