@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from actors.http._app import create_app
     from actors.http._serve import serve
-    from actors.http._settings import HttpSettings
+    from actors.http._settings import HttpSettings, ResumeBounds
 
-__all__ = ["HttpSettings", "create_app", "serve"]
+__all__ = ["HttpSettings", "ResumeBounds", "create_app", "serve"]
 
 
 def __getattr__(name: str) -> Any:
@@ -34,4 +34,8 @@ def __getattr__(name: str) -> Any:
         from actors.http._settings import HttpSettings
 
         return HttpSettings
+    if name == "ResumeBounds":
+        from actors.http._settings import ResumeBounds
+
+        return ResumeBounds
     raise AttributeError(f"module 'actors.http' has no attribute {name!r}")

@@ -23,12 +23,11 @@ from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from actors import EngineError
 from actors.http import (
     _anthropic,
     _decisions,
@@ -41,13 +40,15 @@ from actors.http import (
     _openai,
     _responses,
     _slot_actions,
+    _resume,
 )
 from actors.http._access import ACCESS, Access, log_access
-from actors.http._errors import RETRY_AFTER_S, HttpError, error_body, error_response, from_engine_error
+from actors.http._errors import RETRY_AFTER_S, HttpError, answered, error_body, error_response
 from actors.http._generation import error_event
+from actors.http._replays import Replays
 from actors.http._service import CLIENT, Service
 from actors.http._settings import HttpSettings
-from actors.http._stream import ClientGone, EventStream
+from actors.http._stream import EventStream
 
 __all__ = ["create_app"]
 
@@ -94,26 +95,23 @@ async def _read_json(request: Request, limit: int) -> Any:
         raise HttpError(400, f"the request body is not valid JSON: {str(e)[:200]}") from None
 
 
-def _endpoint(handler: Handler, *, body: bool) -> Callable[[Request], Awaitable[Any]]:
-    """``handler`` with its JSON body read, and every failure as an error response."""
+def _endpoint(
+    handler: Handler, *, body: bool, resumable: bool = False
+) -> Callable[[Request], Awaitable[Any]]:
+    """``handler`` with its JSON body read, and every failure as an error response;
+    ``resumable``: a stream sent with ``X-Conversation-Id`` is served by ``_resume``."""
+
+    async def work(request: Request) -> Any:
+        if body:
+            service: Service = request.app.state.service
+            request.state.json = await _read_json(request, service.settings.max_body_bytes)
+        conv_id = _resume.conversation_id(request) if resumable else None
+        if conv_id is not None:
+            return await _resume.start(request, conv_id, handler)
+        return await handler(request)
 
     async def endpoint(request: Request) -> Any:
-        try:
-            if body:
-                service: Service = request.app.state.service
-                request.state.json = await _read_json(request, service.settings.max_body_bytes)
-            return await handler(request)
-        except HttpError as e:
-            return error_response(e)
-        except EngineError as e:
-            return error_response(from_engine_error(e))
-        except (ClientGone, ClientDisconnect):
-            return Response(status_code=499)  # nobody is there to read it
-        except RecursionError:  # a value nested past what some check can walk
-            return error_response(HttpError(400, "the request nests too deeply"))
-        except Exception:
-            _log.exception("%s %s failed", request.method, request.url.path)
-            return error_response(HttpError(500, "internal server error"))
+        return await answered(request, lambda: work(request))
 
     return endpoint
 
@@ -157,9 +155,17 @@ def _routes() -> list[Route]:
         "/lora-adapters": _lora.set_adapters,
         "/slots/{id_slot}": _slot_actions.slot_action,
     }
+    # Resumable streams (llama-server's): replay one from an offset, look ids up, stop one.
+    get["/v1/stream"] = _resume.resume
+    post["/v1/streams/lookup"] = _resume.lookup
+    resumable = _resume.RESUMABLE_PATHS
     return [
         *(Route(path, _endpoint(h, body=False), methods=["GET"]) for path, h in get.items()),
-        *(Route(path, _endpoint(h, body=True), methods=["POST"]) for path, h in post.items()),
+        *(
+            Route(path, _endpoint(h, body=True, resumable=path in resumable), methods=["POST"])
+            for path, h in post.items()
+        ),
+        Route("/v1/stream", _endpoint(_resume.stop, body=False), methods=["DELETE"]),
     ]
 
 
@@ -372,6 +378,7 @@ def create_app(settings: HttpSettings, start_engine: Callable[[], Any]) -> ASGIA
             loading.cancel()
             if service.sleeper is not None:
                 service.sleeper.stop()
+            app.state.replays.close()
             await asyncio.to_thread(service.close)
 
     app = Starlette(
@@ -380,6 +387,7 @@ def create_app(settings: HttpSettings, start_engine: Callable[[], Any]) -> ASGIA
         exception_handlers={404: _http_error, 405: _http_error},
     )
     app.state.service = service
+    app.state.replays = Replays(settings.resumable)
     gate = _Gate(app, service)
     gate.service = service
     return gate

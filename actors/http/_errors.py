@@ -2,14 +2,17 @@
 "type"}}`` with the matching status, never a traceback.
 
 Runs on the event loop. Every engine error maps to one status here, so a handler only
-raises (``HttpError`` or an ``EngineError``) and the app turns it into a response.
+raises (``HttpError`` or an ``EngineError``) and ``answered`` turns it into a response.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from actors import (
@@ -23,8 +26,11 @@ from actors import (
     QueueFull,
     RequestTimeout,
 )
+from actors.http._stream import ClientGone
 
-__all__ = ["UTF8_JSON", "HttpError", "error_body", "error_response", "from_engine_error"]
+__all__ = ["UTF8_JSON", "HttpError", "answered", "error_body", "error_response", "from_engine_error"]
+
+_log = logging.getLogger("llama_cpp_actors.http")
 
 UTF8_JSON = ("utf-8", "backslashreplace")
 """How JSON text becomes bytes: UTF-8, and a lone surrogate (``json.loads`` makes one from a
@@ -38,6 +44,7 @@ _TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     500: "server_error",
     501: "not_supported_error",
     503: "unavailable_error",
@@ -113,3 +120,22 @@ def from_engine_error(error: EngineError) -> HttpError:
     if isinstance(error, QueueFull | EngineStopped | RequestTimeout | ModelLoadError):
         return HttpError(503, str(error))
     return HttpError(500, f"the engine failed: {error}")
+
+
+async def answered(request: Request, work: Callable[[], Awaitable[Any]]) -> Any:
+    """What ``work()`` returns, or the error response for what it raised: an
+    ``HttpError`` or ``EngineError`` as its status, a client gone as 499, anything
+    unexpected as a 500 without a traceback (which is logged)."""
+    try:
+        return await work()
+    except HttpError as e:
+        return error_response(e)
+    except EngineError as e:
+        return error_response(from_engine_error(e))
+    except (ClientGone, ClientDisconnect):
+        return Response(status_code=499)  # nobody is there to read it
+    except RecursionError:  # a value nested past what some check can walk
+        return error_response(HttpError(400, "the request nests too deeply"))
+    except Exception:
+        _log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(HttpError(500, "internal server error"))

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from actors import Chat, ConfigError, InvalidRequest
 
-__all__ = ["HttpSettings"]
+__all__ = ["HttpSettings", "ResumeBounds"]
 
 # Parsing JSON holds the GIL, so the event loop waits for it even in a worker thread:
 # 4 MiB parses in about 0.1 s here, and carries a prompt of a million characters (far
@@ -23,6 +23,51 @@ DEFAULT_MAX_CONNECTIONS = 2048
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 # An idle keep-alive connection closes after this (uvicorn's timeout_keep_alive).
 DEFAULT_KEEP_ALIVE_S = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeBounds:
+    """How much of the resumable streams (``X-Conversation-Id``) the server keeps.
+
+    Attributes:
+        max_bytes: bytes kept per stream; past them its oldest events are dropped
+            (llama-server's 4 MiB). The newest event is always kept.
+        max_events: events kept per stream; past them its oldest are dropped.
+        max_streams: streams kept in all. A new one past it evicts the oldest ended
+            stream nobody reads, of the client that keeps the most (and keeps at least
+            as many as the newcomer would); with none to evict, it gets 503.
+        max_streams_per_client: streams one client (its API key, else its address)
+            keeps; a new one past it evicts that client's oldest ended stream nobody
+            reads; with none, it gets 429.
+        ttl_s: how long an ended stream is kept after it ended and its last reader
+            left (llama-server's 300 s).
+        max_readers: readers of one stream at once (the request that started it
+            counts while its client reads); another gets 429.
+    """
+
+    max_bytes: int = 4 * 1024 * 1024
+    max_events: int = 16384
+    max_streams: int = 64
+    max_streams_per_client: int = 8
+    ttl_s: float = 300.0
+    max_readers: int = 4
+
+    def __post_init__(self) -> None:
+        for name, low, high in (
+            ("max_bytes", 1024, 1 << 30),
+            ("max_events", 1, 1 << 20),
+            ("max_streams", 1, 1 << 16),
+            ("max_streams_per_client", 1, 1 << 16),
+            ("max_readers", 1, 1024),
+        ):
+            value = getattr(self, name)
+            if type(value) is not int or not low <= value <= high:
+                raise ConfigError(f"{name} must be an int within [{low}, {high}], got {value!r}")
+        if self.max_streams_per_client > self.max_streams:
+            raise ConfigError("max_streams_per_client must be at most max_streams")
+        seconds = self.ttl_s
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= 86400:
+            raise ConfigError(f"ttl_s must be within (0, 86400] seconds, got {seconds!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +134,8 @@ class HttpSettings:
         sleep_idle_s: unload the model after this many seconds without a request, and
             load it again for the next (``--sleep-idle-seconds``); None: never. One
             model only (router mode unloads idle models by their keep-alive).
+        resumable: the bounds of the resumable streams (``X-Conversation-Id``,
+            ``GET /v1/stream``).
     """
 
     model_ids: tuple[str, ...] = ()
@@ -120,6 +167,7 @@ class HttpSettings:
     models_max: int = 4
     slot_save_path: str | None = None
     sleep_idle_s: float | None = None
+    resumable: ResumeBounds = ResumeBounds()
 
     def __post_init__(self) -> None:
         for name in ("model_ids", "tags", "api_keys"):
@@ -173,6 +221,8 @@ class HttpSettings:
             isinstance(sleep, bool) or not isinstance(sleep, int | float) or not 0 < sleep < 1e9
         ):
             raise ConfigError(f"sleep_idle_s must be a number of seconds > 0 or None, got {sleep!r}")
+        if not isinstance(self.resumable, ResumeBounds):
+            raise ConfigError("resumable must be a ResumeBounds")
         if not isinstance(self.drain_timeout_s, int | float) or not 0 <= self.drain_timeout_s <= 3600:
             raise ConfigError(
                 f"drain_timeout_s must be within [0, 3600] seconds, got {self.drain_timeout_s!r}"
