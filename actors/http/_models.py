@@ -31,9 +31,15 @@ def _json(value: Any) -> Response:
     return Response(dumps(value), media_type="application/json; charset=utf-8")
 
 
+# The listing reads the models' states, not their engines' stats: it waits for those only
+# this long, else a model being loaded would hold it for the whole load and show as
+# loaded, never as loading (llama-server's router answers at once).
+_STATES_WAIT_S = 0.1
+
+
 async def _states(service: Service, views: ModelViews) -> dict[str, dict[str, Any]]:
     try:
-        return await service.call(model_states, views.manager)
+        return await service.call(model_states, views.manager, _STATES_WAIT_S)
     except Exception as e:
         raise HttpError(503, f"the model manager did not answer: {e}") from None
 

