@@ -179,7 +179,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def _not_found(request: Request) -> str:
     """A 404 that names the path asked for, the endpoint it was likely meant for, and
     what this server serves (llama-server says only "File Not Found")."""
-    served: dict[str, list[str]] = {"POST": [], "GET": []}
+    served: dict[str, list[str]] = {"POST": [], "GET": [], "DELETE": []}
     for route in request.app.routes:
         for method in sorted(getattr(route, "methods", None) or ()):
             if method in served:
