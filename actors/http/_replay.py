@@ -139,14 +139,15 @@ class Replay:
 
     def kept(self, offset: int) -> bytes:
         """The bytes kept from ``offset`` (``first <= offset <= end``) to the end."""
-        skip = offset - self.first
+        # From the newest back: a live reader asks for the last few events, each token.
         parts = []
-        for event in self._events:
-            if skip >= len(event):
-                skip -= len(event)
-                continue
-            parts.append(event[skip:] if skip else event)
-            skip = 0
+        at = self.end
+        for event in reversed(self._events):
+            if at <= offset:
+                break
+            at -= len(event)
+            parts.append(event[offset - at :] if at < offset else event)
+        parts.reverse()
         return b"".join(parts)
 
     async def follow(self, offset: int, lost: Callable[[int], bytes]) -> AsyncIterator[bytes]:

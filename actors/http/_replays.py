@@ -90,9 +90,10 @@ class Replays:
         """``owner``'s streams whose id is one of ``conv_ids``, or one of them followed
         by ``::`` (llama-server's per-model ids, ``<id>::<model>``)."""
         wanted = set(conv_ids)
+        prefixes = tuple(f"{conv_id}::" for conv_id in wanted)
         found = []
         for (whose, conv_id), replay in list(self._streams.items()):
-            named = conv_id in wanted or conv_id.split("::", 1)[0] in wanted
+            named = conv_id in wanted or conv_id.startswith(prefixes)
             if whose == owner and named and self.get(whose, conv_id) is not None:
                 found.append(replay)
         return found

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(120)
 
 K1 = {"Authorization": "Bearer k1"}
 K2 = {"Authorization": "Bearer k2"}
-BOUNDS = ResumeBounds(max_events=32, max_streams=8, max_streams_per_client=2, max_readers=2)
+BOUNDS = ResumeBounds(max_events=48, max_streams=8, max_streams_per_client=2, max_readers=2)
 LONG = {"prompt": "Tell a long story.", "n_predict": 2000, "ignore_eos": True, "stream": True}
 
 
@@ -36,6 +36,12 @@ def running(model_path: str) -> Iterator[Running]:
         lambda: ServerActor.start(model_path=model_path, n_parallel=2, n_ctx=2048, seed=7),
     ) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def client(running: Running) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=running.url, timeout=60) as client:  # one SSL context, not one a request
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +59,13 @@ def done() -> Iterator[dict[str, dict[str, Any]]]:
     subscription.close()
 
 
-def post_and_drop(url: str, path: str, body: dict[str, Any], conv: str, keep: int) -> tuple[bytes, str]:
-    """Start a resumable stream, read at least ``keep`` bytes of it, and hang up."""
+def post_and_drop(
+    client: httpx.Client, path: str, body: dict[str, Any], conv: str, keep: int
+) -> tuple[bytes, str]:
+    """Start a resumable stream, read at least ``keep`` bytes of it, and hang up (leaving
+    a response unread closes its connection)."""
     headers = {**K1, "X-Conversation-Id": conv}
-    with httpx.stream("POST", url + path, json=body, headers=headers, timeout=60) as response:
+    with client.stream("POST", path, json=body, headers=headers) as response:
         assert response.status_code == 200, response.read()
         got = b""
         for chunk in response.iter_raw():
@@ -66,45 +75,45 @@ def post_and_drop(url: str, path: str, body: dict[str, Any], conv: str, keep: in
     return got, response.headers["x-request-id"]
 
 
-def resume(url: str, conv: str, offset: int | str = 0, headers: dict[str, str] = K1) -> httpx.Response:
-    return httpx.get(
-        url + "/v1/stream", params={"conv_id": conv, "from": offset}, headers=headers, timeout=60
-    )
+def resume(
+    client: httpx.Client, conv: str, offset: int | str = 0, headers: dict[str, str] = K1
+) -> httpx.Response:
+    return client.get("/v1/stream", params={"conv_id": conv, "from": offset}, headers=headers)
 
 
-def stop(url: str, conv: str, headers: dict[str, str] = K1) -> None:
-    assert httpx.delete(url + "/v1/stream", params={"conv_id": conv}, headers=headers).status_code == 204
+def stop(client: httpx.Client, conv: str, headers: dict[str, str] = K1) -> None:
+    assert client.delete("/v1/stream", params={"conv_id": conv}, headers=headers).status_code == 204
 
 
 def test_a_dropped_client_resumes_from_0_and_from_n_with_the_same_bytes(
-    running: Running, done: dict[str, dict[str, Any]]
+    running: Running, client: httpx.Client, done: dict[str, dict[str, Any]]
 ) -> None:
-    body = {"messages": [{"role": "user", "content": "Count."}], "max_tokens": 20, "ignore_eos": True}
-    got, request_id = post_and_drop(
-        running.url, "/v1/chat/completions", {**body, "stream": True}, "drop", 300
-    )
+    body = {"messages": [{"role": "user", "content": "Count."}], "max_tokens": 32, "ignore_eos": True}
+    got, request_id = post_and_drop(client, "/v1/chat/completions", {**body, "stream": True}, "drop", 300)
     assert request_id not in done  # dropped mid-generation...
     wait_until(lambda: request_id in done, seconds=30)
     assert done[request_id]["stop_reason"] == "max_tokens"  # ...which went on to its end
-    assert done[request_id]["generated_tokens"] == 20
+    assert done[request_id]["generated_tokens"] == 32
 
-    whole = resume(running.url, "drop")  # after the end: the whole stream, as it was sent
+    whole = resume(client, "drop")  # after the end: the whole stream, as it was sent
     assert whole.status_code == 200 and whole.headers["content-type"] == "text/event-stream"
     assert whole.content.startswith(got) and whole.content.endswith(b"data: [DONE]\n\n")
-    rest = resume(running.url, "drop", len(got))
+    rest = resume(client, "drop", len(got))
     assert rest.status_code == 200 and rest.content == whole.content[len(got) :]
-    assert resume(running.url, "drop", len(whole.content)).content == b""
-    past = resume(running.url, "drop", len(whole.content) + 1)
+    assert resume(client, "drop", len(whole.content)).content == b""
+    past = resume(client, "drop", len(whole.content) + 1)
     assert past.status_code == 400 and "past the" in past.json()["error"]["message"]
-    found = httpx.post(running.url + "/v1/streams/lookup", json={"conversation_ids": ["drop"]}, headers=K1)
+    found = client.post("/v1/streams/lookup", json={"conversation_ids": ["drop"]}, headers=K1)
     assert [(s["conversation_id"], s["is_done"], s["total_bytes"]) for s in found.json()] == [
         ("drop", True, len(whole.content))
     ]
-    stop(running.url, "drop")
-    assert resume(running.url, "drop").status_code == 404
+    stop(client, "drop")
+    assert resume(client, "drop").status_code == 404
 
 
-def test_every_streaming_endpoint_is_resumable_and_a_failure_keeps_nothing(running: Running) -> None:
+def test_every_streaming_endpoint_is_resumable_and_a_failure_keeps_nothing(
+    running: Running, client: httpx.Client
+) -> None:
     chat = {"messages": [{"role": "user", "content": "Hi"}]}
     bodies = {
         "/completion": {"prompt": "Hello", "n_predict": 4},
@@ -115,119 +124,116 @@ def test_every_streaming_endpoint_is_resumable_and_a_failure_keeps_nothing(runni
     }
     for path, body in bodies.items():
         headers = {**K1, "X-Conversation-Id": "every"}
-        sent = httpx.post(running.url + path, json={**body, "stream": True}, headers=headers, timeout=60)
+        sent = client.post(path, json={**body, "stream": True}, headers=headers)
         assert sent.status_code == 200, (path, sent.text[:200])
-        assert resume(running.url, "every").content == sent.content, path
-    stop(running.url, "every")
+        assert resume(client, "every").content == sent.content, path
+    stop(client, "every")
     # The default model has no FIM tokens: /infill's 501 comes before any event.
     headers = {**K1, "X-Conversation-Id": "fails"}
     body = {"input_prefix": "a", "input_suffix": "b", "stream": True}
-    assert httpx.post(running.url + "/infill", json=body, headers=headers).status_code == 501
-    assert resume(running.url, "fails").status_code == 404
+    assert client.post("/infill", json=body, headers=headers).status_code == 501
+    assert resume(client, "fails").status_code == 404
 
 
 def test_delete_cancels_the_engine_request_and_ends_its_readers(
-    running: Running, done: dict[str, dict[str, Any]]
+    running: Running, client: httpx.Client, done: dict[str, dict[str, Any]]
 ) -> None:
     headers = {**K1, "X-Conversation-Id": "stopped"}
-    with httpx.stream(
-        "POST", running.url + "/completion", json=LONG, headers=headers, timeout=60
-    ) as response:
+    with client.stream("POST", "/completion", json=LONG, headers=headers, timeout=60) as response:
         request_id = response.headers["x-request-id"]
         lines = response.iter_lines()
         next(lines)
-        stop(running.url, "stopped", K2)  # another key's stop: not its stream, nothing happens
+        stop(client, "stopped", K2)  # another key's stop: not its stream, nothing happens
         assert next(lines) is not None and request_id not in done
-        stop(running.url, "stopped")
+        stop(client, "stopped")
         rest = list(lines)  # the reader ends at once, without a final event
         assert not any('"stop":true' in line for line in rest)
     wait_until(lambda: request_id in done, seconds=10)
     assert done[request_id]["stop_reason"] == "cancelled"
     wait_until(lambda: idle(running), seconds=10)
-    assert resume(running.url, "stopped").status_code == 404
+    assert resume(client, "stopped").status_code == 404
 
 
-def test_another_keys_stream_is_unknown_to_it(running: Running) -> None:
+def test_another_keys_stream_is_unknown_to_it(running: Running, client: httpx.Client) -> None:
     headers = {**K1, "X-Conversation-Id": "mine"}
-    sent = httpx.post(
-        running.url + "/completion", json={"prompt": "Hi", "n_predict": 4, "stream": True}, headers=headers
-    )
-    assert resume(running.url, "mine", headers=K2).status_code == 404
-    lookup = httpx.post(running.url + "/v1/streams/lookup", json={"conversation_ids": ["mine"]}, headers=K2)
+    sent = client.post("/completion", json={"prompt": "Hi", "n_predict": 4, "stream": True}, headers=headers)
+    assert resume(client, "mine", headers=K2).status_code == 404
+    lookup = client.post("/v1/streams/lookup", json={"conversation_ids": ["mine"]}, headers=K2)
     assert lookup.json() == []
-    assert resume(running.url, "mine", headers={}).status_code == 401
+    assert resume(client, "mine", headers={}).status_code == 401
     # k2 may use the same id for a stream of its own; k1's is untouched.
-    theirs = httpx.post(
-        running.url + "/completion",
+    theirs = client.post(
+        "/completion",
         json={"prompt": "Yo", "n_predict": 2, "stream": True},
         headers={**K2, "X-Conversation-Id": "mine"},
     )
-    assert resume(running.url, "mine", headers=K2).content == theirs.content
-    assert resume(running.url, "mine").content == sent.content
-    stop(running.url, "mine")
-    stop(running.url, "mine", K2)
+    assert resume(client, "mine", headers=K2).content == theirs.content
+    assert resume(client, "mine").content == sent.content
+    stop(client, "mine")
+    stop(client, "mine", K2)
 
 
-def test_hostile_ids_and_offsets_are_400s(running: Running) -> None:
+def test_hostile_ids_and_offsets_are_400s(running: Running, client: httpx.Client) -> None:
     body = {"prompt": "Hi", "n_predict": 2, "stream": True}
     for bad in (b"a b", b"x" * 257, "caf\xe9".encode("latin-1")):
         headers = {**K1, "X-Conversation-Id": bad}
-        answer = httpx.post(running.url + "/completion", json=body, headers=headers)
+        answer = client.post("/completion", json=body, headers=headers)
         assert answer.status_code == 400 and "X-Conversation-Id must be" in answer.json()["error"]["message"]
     for params in ({}, {"conv_id": ""}, {"conv_id": "a\nb"}, {"conv_id": "y" * 257}):
-        answer = httpx.get(running.url + "/v1/stream", params=params, headers=K1)
+        answer = client.get("/v1/stream", params=params, headers=K1)
         assert answer.status_code == 400, params
     for offset in ("-1", "1e3", "9" * 21, "\u0661"):
-        answer = resume(running.url, "any", offset)
+        answer = resume(client, "any", offset)
         assert answer.status_code == 400 and "Invalid 'from' offset" in answer.json()["error"]["message"]
-    unknown = resume(running.url, "never-started")
+    unknown = resume(client, "never-started")
     assert unknown.status_code == 404 and "kept 300 s after it ended" in unknown.json()["error"]["message"]
     for ids in ("x", ["ok", 3], ["a"] * 257, ["a b"]):
-        lookup = httpx.post(running.url + "/v1/streams/lookup", json={"conversation_ids": ids}, headers=K1)
+        lookup = client.post("/v1/streams/lookup", json={"conversation_ids": ids}, headers=K1)
         assert lookup.status_code == 400, ids
     # The header on a request that does not stream changes nothing.
-    plain = httpx.post(
-        running.url + "/completion",
+    plain = client.post(
+        "/completion",
         json={"prompt": "Hi", "n_predict": 2},
         headers={**K1, "X-Conversation-Id": "plain"},
     )
-    assert plain.status_code == 200 and resume(running.url, "plain").status_code == 404
+    assert plain.status_code == 200 and resume(client, "plain").status_code == 404
 
 
-def test_the_bounds_answer_as_documented(running: Running, done: dict[str, dict[str, Any]]) -> None:
-    # Events: a stream of 40 tokens keeps its newest 32 events; from 0 is lost.
+def test_the_bounds_answer_as_documented(
+    running: Running, client: httpx.Client, done: dict[str, dict[str, Any]]
+) -> None:
+    # Events: a stream of 60 tokens keeps its newest 48 events; from 0 is lost.
     headers = {**K1, "X-Conversation-Id": "long"}
-    body = {"prompt": "Go", "n_predict": 40, "ignore_eos": True, "stream": True}
-    sent = httpx.post(running.url + "/completion", json=body, headers=headers, timeout=60)
-    lost = resume(running.url, "long")
+    body = {"prompt": "Go", "n_predict": 60, "ignore_eos": True, "stream": True}
+    sent = client.post("/completion", json=body, headers=headers)
+    lost = resume(client, "long")
     assert lost.status_code == 400
     message = lost.json()["error"]["message"]
-    assert message.startswith("Stream offset lost, please restart") and "32 events" in message
-    tail = sent.content.split(b"\n\n")[-33:]  # the last 32 events, and the empty piece after them
-    assert resume(running.url, "long", len(sent.content) - len(b"\n\n".join(tail))).status_code == 200
-    stop(running.url, "long")
+    assert message.startswith("Stream offset lost, please restart") and "48 events" in message
+    tail = sent.content.split(b"\n\n")[-49:]  # the last 48 events, and the empty piece after them
+    assert resume(client, "long", len(sent.content) - len(b"\n\n".join(tail))).status_code == 200
+    stop(client, "long")
 
     # Streams per client: k2's two live streams, no room for a third; readers per stream: 2.
     ids = []
     for conv in ("live1", "live2"):
-        with httpx.stream(
+        with client.stream(
             "POST",
-            running.url + "/completion",
+            "/completion",
             json=LONG,
             headers={**K2, "X-Conversation-Id": conv},
-            timeout=60,
         ) as response:
             ids.append(response.headers["x-request-id"])
-    third = httpx.post(running.url + "/completion", json=LONG, headers={**K2, "X-Conversation-Id": "live3"})
+    third = client.post("/completion", json=LONG, headers={**K2, "X-Conversation-Id": "live3"})
     assert third.status_code == 429 and "limit of 2" in third.json()["error"]["message"]
     with (
-        httpx.stream("GET", running.url + "/v1/stream", params={"conv_id": "live1"}, headers=K2) as one,
-        httpx.stream("GET", running.url + "/v1/stream", params={"conv_id": "live1"}, headers=K2) as two,
+        client.stream("GET", "/v1/stream", params={"conv_id": "live1"}, headers=K2) as one,
+        client.stream("GET", "/v1/stream", params={"conv_id": "live1"}, headers=K2) as two,
     ):
         assert one.status_code == two.status_code == 200
-        extra = resume(running.url, "live1", headers=K2)
+        extra = resume(client, "live1", headers=K2)
         assert extra.status_code == 429 and "limit of 2" in extra.json()["error"]["message"]
-    stop(running.url, "live1", K2)
-    stop(running.url, "live2", K2)
+    stop(client, "live1", K2)
+    stop(client, "live2", K2)
     wait_until(lambda: all(i in done for i in ids), seconds=10)
     assert [done[i]["stop_reason"] for i in ids] == ["cancelled", "cancelled"]

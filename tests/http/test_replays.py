@@ -162,3 +162,16 @@ def test_an_ended_stream_lives_ttl_after_its_last_reader_left() -> None:
         assert len(replays) == 0  # the timer dropped it, nobody had to look
 
     run(test)
+
+
+def test_a_lookup_finds_an_owners_ids_and_their_per_model_ids_only() -> None:
+    async def test() -> None:
+        replays = Replays(ResumeBounds())
+        exact = replays.open("key#0", "c1", "key#0")
+        per_model = replays.open("key#0", "c1::ggml-org/m:Q8_0", "key#0")
+        replays.open("key#0", "c10", "key#0")
+        replays.open("key#1", "c1", "key#1")
+        assert {id(r) for r in replays.owned("key#0", ["c1"])} == {id(exact), id(per_model)}
+        assert replays.owned("key#0", ["c"]) == [] and replays.owned("", ["c1"]) == []
+
+    run(test)
