@@ -182,7 +182,6 @@ WHY_LLAMA_SERVER_FAILS: tuple[tuple[str, str], ...] = (
         "unit/test_completion.py::test_cache_vs_nocache_prompt",
         "skipped by the suite itself (marked as failing on Linux)",
     ),
-    ("unit/test_stream.py::*", "needs a download (router mode loads tinygemma3 from the HF cache)"),
     # The suite's prompts and n_predict=64 fill 84 cells with its tiny model; SmolLM2's
     # answer to them ends at once (n_saved 7), and its text matches no regex.
     ("unit/test_slot_save.py::test_slot_save_restore", _TINY_TEXT),
