@@ -57,16 +57,17 @@ class Replays:
 
     def open(self, owner: str, conv_id: str, client: str) -> Replay:
         """A new stream for (``owner``, ``conv_id``), replacing (and stopping) the one it
-        had, after making room for it.
+        had, after making room for it (a client replacing its own stream needs none).
 
         Raises:
             HttpError: 429, ``client`` keeps its bound of streams and none has ended;
                 503, the server keeps its bound and none can be evicted.
         """
         previous = self._streams.get((owner, conv_id))
+        if previous is None or previous.client != client:
+            self._make_room(client)  # before the stop: a refused request stops nothing
         if previous is not None:
             self.stop(previous)
-        self._make_room(client)
         replay = Replay(
             conv_id,
             owner,

@@ -109,6 +109,9 @@ def test_a_client_at_its_bound_evicts_its_own_oldest_ended_stream_never_a_live_o
         with pytest.raises(HttpError) as caught:
             replays.open("", "a5", "A")
         assert caught.value.status == 429 and "limit of 2" in caught.value.message
+        live = replays.get("", "a4")
+        assert live is not None and replays.open("", "a4", "A") is not live  # its own: replaced
+        assert live.phase is Phase.STOPPED
 
     run(test)
 
