@@ -39,8 +39,8 @@ from actors.http import (
     _native,
     _openai,
     _responses,
-    _slot_actions,
     _resume,
+    _slot_actions,
 )
 from actors.http._access import ACCESS, Access, log_access
 from actors.http._errors import RETRY_AFTER_S, HttpError, answered, error_body, error_response

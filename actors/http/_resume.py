@@ -17,8 +17,9 @@
 - ``POST /v1/streams/lookup`` (``lookup``): which of the ids given are kept, and how far
   each got (llama-server's web UI asks after a reload).
 
-The producer counts as a request in flight, so a drain waits for it, and in router mode
-it holds its model until it ends. Runs on the event loop.
+The producer counts as a request in flight, so a drain waits for it; it keeps a sleeping
+server's model awake (``--sleep-idle-seconds``) and, in router mode, holds its model
+until it ends. Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -137,7 +138,13 @@ async def _produce(
 ) -> None:
     """Run the handler and keep its stream's events, whoever reads them (a task)."""
 
+    sleeper = root.sleeper
+    holds: list[bool] = []  # whether it holds the model awake (--sleep-idle-seconds)
+
     async def work() -> Any:
+        if sleeper is not None:  # the client's request holds it awake until it leaves
+            await sleeper.enter()
+            holds.append(True)
         if root.views is not None:  # router mode: readers are told to retry while it loads
             replay.enter(Phase.LOADING)
             await routed(request)
@@ -183,6 +190,8 @@ async def _produce(
             root.tasks.discard(task)
         if root.views is not None:
             root.views.release(request.scope)
+        if holds and sleeper is not None:
+            sleeper.leave()
 
 
 def _lost(replay: Replay, offset: int, request: Request) -> str:

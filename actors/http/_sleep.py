@@ -7,7 +7,8 @@ model sleeps waits for it to load again (the load is shared by every request wai
 and fails only if that load fails. ``/health``, ``/props``, ``/models`` and
 ``/metrics`` neither need it nor wake it (:data:`PASSIVE`): they answer from what the
 server read at the last load (the metrics' engine gauges from the stats of that
-moment), and ``/props`` says ``is_sleeping``.
+moment), and ``/props`` says ``is_sleeping``. Nor do the resumable streams'
+``/v1/stream`` and ``/v1/streams/lookup``, which serve what was kept.
 
 The watch runs on the event loop: every quarter of the idle time (at most 0.25 s) it
 puts the engine to sleep once no request has needed it for ``seconds``. Going to sleep
@@ -32,6 +33,9 @@ _log = logging.getLogger("llama_cpp_actors.http")
 
 PASSIVE = frozenset({"/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics"})
 """Paths whose ``GET`` (and ``HEAD``) answers without the model and is no activity."""
+_STREAMS = frozenset({"/v1/stream", "/v1/streams/lookup"})
+"""Paths that read or stop resumable streams, with any method: what they serve is kept
+(a live stream's producer holds the model awake itself), so they never wake it."""
 _STOP_TIMEOUT_S = 30.0
 _MAX_POLL_S = 0.25
 
@@ -80,7 +84,7 @@ class Sleeper:
     @staticmethod
     def wakes(method: str, path: str) -> bool:
         """Whether a request needs the model (and so counts as activity)."""
-        return not (method in ("GET", "HEAD") and path in PASSIVE)
+        return not ((method in ("GET", "HEAD") and path in PASSIVE) or path in _STREAMS)
 
     async def enter(self) -> None:
         """A request that needs the model begins: wake it first if it sleeps.

@@ -1,10 +1,12 @@
 """llama-server's slot files and sleep over HTTP: ``--slot-save-path`` with ``POST
 /slots/{id}?action=save|restore|erase`` (its JSON shapes, its filename checks, files
 confined to the folder), and ``--sleep-idle-seconds`` (the model unloaded when idle, the
-read-only endpoints answering without waking it, the next request loading it again)."""
+read-only endpoints answering without waking it, the next request loading it again, a
+resumable stream holding it awake)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -153,6 +155,22 @@ def test_an_idle_model_sleeps_answers_read_only_endpoints_and_wakes_for_a_reques
     assert not props(sleepy)["is_sleeping"] and service.engine is not None
     wait_until(lambda: props(sleepy)["is_sleeping"], 10)  # and sleeps again
     assert service.sleeper.n_sleeps == 2
+
+
+def test_a_resumable_stream_keeps_the_model_awake_and_its_replay_does_not_wake_it(sleepy: Running) -> None:
+    service = sleepy.app.service  # type: ignore[attr-defined]
+    body = {"prompt": "Go on", "n_predict": 64, "ignore_eos": True, "stream": True}
+    headers = {"X-Conversation-Id": "awake"}
+    with httpx.stream("POST", sleepy.url + "/completion", json=body, headers=headers, timeout=60) as response:
+        next(response.iter_raw())  # then the client leaves; 64 tokens outlast the 0.5 s idle time
+    lookup = {"conversation_ids": ["awake"]}
+    wait_until(lambda: httpx.post(sleepy.url + "/v1/streams/lookup", json=lookup).json()[0]["is_done"], 30)
+    wait_until(lambda: props(sleepy)["is_sleeping"], 10)
+    sleeps = service.sleeper.n_sleeps
+    replay = httpx.get(sleepy.url + "/v1/stream", params={"conv_id": "awake"}, timeout=30)
+    last = json.loads(replay.text.strip().rsplit("data: ", 1)[1])
+    assert last["stop"] is True and last["tokens_predicted"] == 64  # never cut by a sleep
+    assert props(sleepy)["is_sleeping"] and service.sleeper.n_sleeps == sleeps
 
 
 def test_without_a_slot_save_path_slot_actions_answer_501(sleepy: Running) -> None:
