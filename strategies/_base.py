@@ -96,7 +96,9 @@ class BatchStrategy(abc.ABC):
         Returns:
             The plan with each decoding slot's ``draft_tokens`` set; by default
             :func:`strategies.add_drafts` (drafts only where they pay). Override it
-            to return ``plan`` for a strategy that never speculates.
+            to return ``plan`` for a strategy that never speculates. The engine
+            verifies none of a slot's drafts where this count is under its
+            ``draft_min``.
         """
         return add_drafts(slots, plan, budget, cost)
 

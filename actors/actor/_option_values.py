@@ -212,11 +212,18 @@ MAX_DRAFT = 256
 
 
 def _speculation(
-    spec_type: object, draft_max: object, draft_model_path: object, draft_p_min: object
-) -> tuple[str | None, int, str | None, float]:
+    spec_type: object, draft_max: object, draft_min: object, draft_model_path: object, draft_p_min: object
+) -> tuple[str | None, int, int, str | None, float]:
     if spec_type is not None and spec_type not in ("ngram", "draft"):
         raise ConfigError(f"spec_type must be None (off), 'ngram' or 'draft', got {_show(spec_type)}")
     draft_max = _int("draft_max", draft_max, 1, MAX_DRAFT)
+    draft_min = _int("draft_min", draft_min, 0, MAX_DRAFT)
+    if draft_min > draft_max:
+        raise ConfigError(
+            f"draft_min ({draft_min}) must be at most draft_max ({draft_max}): no draft could be verified"
+        )
+    if spec_type is None and draft_min != 0:  # never silently ignored
+        raise ConfigError("draft_min is for speculative decoding: pass spec_type too")
     path = _model_path(draft_model_path, "draft_model_path")
     if spec_type == "draft" and path is None:
         raise ConfigError(
@@ -232,7 +239,7 @@ def _speculation(
         raise ConfigError(f"draft_p_min must be a number within [0, 1], got {_show(draft_p_min)}")
     if spec_type != "draft" and draft_p_min != 0.0:  # never silently ignored
         raise ConfigError("draft_p_min is for spec_type='draft' (a draft model's confidence)")
-    return spec_type, draft_max, path, float(draft_p_min)
+    return spec_type, draft_max, draft_min, path, float(draft_p_min)
 
 
 def _sampling(values: dict[str, object]) -> SamplingParams:

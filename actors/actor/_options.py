@@ -120,6 +120,7 @@ class ServerOptions:
     chat_template_kwargs: Mapping[str, Any] | None = None
     spec_type: Literal["ngram", "draft"] | None = None
     draft_max: int = 16
+    draft_min: int = 0
     draft_model_path: str | os.PathLike[str] | None = None
     draft_p_min: float = 0.0
     lora: Sequence[str | os.PathLike[str] | tuple[str | os.PathLike[str], float] | LoraAdapter] = ()
@@ -233,6 +234,7 @@ def _check(options: ServerOptions) -> StartOptions:
     chat_template_kwargs: object = options.chat_template_kwargs
     spec_type: object = options.spec_type
     draft_max: object = options.draft_max
+    draft_min: object = options.draft_min
     draft_model_path: object = options.draft_model_path
     draft_p_min: object = options.draft_p_min
     try:
@@ -292,8 +294,8 @@ def _check(options: ServerOptions) -> StartOptions:
         "penalty_freq": penalty_freq, "penalty_present": penalty_present, "grammar": grammar,
     }  # fmt: skip
     ram_mb = _megabytes(prompt_cache_ram_mb)
-    spec_type, draft_max, draft_path, p_min = _speculation(
-        spec_type, draft_max, draft_model_path, draft_p_min
+    spec_type, draft_max, draft_min, draft_path, p_min = _speculation(
+        spec_type, draft_max, draft_min, draft_model_path, draft_p_min
     )
     return StartOptions(
         model_path=_model_path(model_path),
@@ -325,6 +327,7 @@ def _check(options: ServerOptions) -> StartOptions:
         chat_template_kwargs=_chat_template_kwargs(chat_template_kwargs),
         spec_type=spec_type,
         draft_max=draft_max,
+        draft_min=draft_min,
         draft_model_path=draft_path,
         draft_p_min=p_min,
         lora=lora,

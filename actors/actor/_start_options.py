@@ -51,6 +51,7 @@ class StartOptions:
     chat_template_kwargs: Mapping[str, Any]
     spec_type: str | None = None
     draft_max: int = 16
+    draft_min: int = 0
     draft_model_path: str | None = None
     draft_p_min: float = 0.0
     cache_idle_slots: bool = True
@@ -90,6 +91,7 @@ class StartOptions:
             name=self.name,
             spec_type=self.spec_type,
             draft_max=self.draft_max,
+            draft_min=self.draft_min,
             draft_p_min=self.draft_p_min,
             cache_idle_slots=self.cache_idle_slots,
         )

@@ -109,7 +109,9 @@ class Completion:
     draft tokens were verified for it and ``draft_accepted`` of them were right (each
     one a token that cost no forward pass of its own). ``slot`` is the slot that ran it
     last, which holds its KV now (what ``SaveSlot(path, slot=...)`` saves); -1 when it
-    never entered one.
+    never entered one. ``context_shifts``: the times its slot was full and dropped
+    tokens of its context so that it could go on (``context_shift``; llama-server's
+    ``truncated``).
     """
 
     request_id: str
@@ -129,6 +131,7 @@ class Completion:
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     slot: int = -1
+    context_shifts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

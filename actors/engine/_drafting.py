@@ -2,6 +2,11 @@
 strategy plans, the strategy's ``plan_drafts`` within what the batch and the free KV
 cells leave, and a costly drafter's drafts grown to what the plan verifies.
 
+A slot verifies a draft of at least ``draft_min`` tokens or none (llama-server's
+``--spec-draft-n-min``): a plan's shorter count for it, whether the strategy chose it
+or the drafter had no more (a draft model's draft stopped at an unsure token), becomes
+0, and the draft is checked for free next tick as one passed over.
+
 Runs in the engine's thread only; the drafts are verified by the output stage.
 """
 
@@ -68,7 +73,7 @@ class DraftPlanner:
             room = self.state.n_ctx_slot - len(slot.cached) - 3
             left = request.message.max_tokens - len(request.token_ids) - 1
             limit = min(self.state.config.draft_max, room, left)
-            if limit > 0 and probe:
+            if limit >= max(self.state.config.draft_min, 1) and probe:
                 want = DraftWant(slot.seq_id, request, request.prompt, request.token_ids, limit)
                 wants.append(dataclasses.replace(want, limit=1) if costly else want)
                 slots.append(slot)
@@ -110,6 +115,18 @@ class DraftPlanner:
             )
         )
 
+    def _at_least_min(self, plan: BatchPlan) -> BatchPlan:
+        """``plan`` without the drafts shorter than ``draft_min`` (none verified instead)."""
+        n_min = self.state.config.draft_min
+        if not any(0 < entry.draft_tokens < n_min for entry in plan.slots):
+            return plan
+        return BatchPlan(
+            tuple(
+                dataclasses.replace(e, draft_tokens=0) if 0 < e.draft_tokens < n_min else e
+                for e in plan.slots
+            )
+        )
+
     def with_drafts(
         self, strategy: BatchStrategy, views: dict[int, SlotView], plan: BatchPlan, busy: dict[int, Slot]
     ) -> BatchPlan:
@@ -128,8 +145,9 @@ class DraftPlanner:
                     f"plan_drafts added {result.num_draft_tokens - base.num_draft_tokens} draft tokens, "
                     f"over its budget of {budget}"
                 )
+        result = self._at_least_min(result)
         if self.drafter.costly:
-            result = self._extend_drafts(result, busy)
+            result = self._at_least_min(self._extend_drafts(result, busy))
         planned = {entry.seq_id: entry.draft_tokens for entry in result.slots}
         for seq_id, slot in busy.items():  # a draft the plan passed over: checked next tick
             request = slot.request

@@ -160,6 +160,7 @@ class Lifecycle:
             reasoning=reasoning,
             tool_calls=calls,
             slot=request.seq_id,
+            context_shifts=request.context_shifts,
         )
 
     def _forget(self, request: Request) -> None:

@@ -310,5 +310,6 @@ class OutputStage:
         # A slot of 1 or 2 positions has nothing to discard.
         if n_discard < 1 or not self.state.memory.shift(slot, n_keep, n_discard):
             return False
+        request.context_shifts += 1
         self.state.kv_event("context_shift", {"discarded_tokens": n_discard}, request)
         return True

@@ -91,6 +91,7 @@ class Request:
     context: list[int] = field(default_factory=list)
     started: bool = False
     preemptions: int = 0
+    context_shifts: int = 0  # times a full slot dropped tokens of its context for it
     deadline: float | None = None  # monotonic time by which it must end
     # The courier calls it when the stream's consumer stops reading (streams only).
     on_stall: Callable[[], None] | None = None

@@ -31,8 +31,8 @@ class EngineConfig:
 
     __slots__ = (
         "batch_strategy", "cache_idle_slots", "cache_prompt", "chunk_size", "context_shift",
-        "defaults", "draft_max", "draft_p_min", "kv_file_max_bytes", "max_queue", "n_ctx_per_slot",
-        "name", "prefix_sharing", "ram_budget_bytes", "spec_type",
+        "defaults", "draft_max", "draft_min", "draft_p_min", "kv_file_max_bytes", "max_queue",
+        "n_ctx_per_slot", "name", "prefix_sharing", "ram_budget_bytes", "spec_type",
     )  # fmt: skip
 
     def __init__(
@@ -50,6 +50,7 @@ class EngineConfig:
         prefix_sharing: bool = True,
         spec_type: str | None = None,
         draft_max: int = 16,
+        draft_min: int = 0,
         draft_p_min: float = 0.0,
         cache_idle_slots: bool = True,
         kv_file_max_bytes: int = 1 << 31,
@@ -60,6 +61,7 @@ class EngineConfig:
         self.cache_idle_slots = cache_idle_slots
         self.spec_type = spec_type
         self.draft_max = draft_max
+        self.draft_min = draft_min
         self.draft_p_min = draft_p_min
         self.prefix_sharing = prefix_sharing
         self.chunk_size = chunk_size

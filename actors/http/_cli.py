@@ -250,6 +250,11 @@ def _plan(v: Mapping[str, Any]) -> ServePlan:
             del options["draft_p_min"]
         elif options.get("spec_type") != "draft":
             raise CliError("--spec-draft-p-min is for a draft model (-md): it would change nothing")
+    if v["spec_draft_n_min"] is not None and v["spec_type"] != "none":  # none wins, as over -md
+        if "spec_type" in options:
+            options["draft_min"] = v["spec_draft_n_min"]
+        elif v["spec_draft_n_min"]:  # llama-server takes it without speculation too
+            notes.append("--spec-draft-n-min has no effect without speculative decoding (--spec-type or -md)")
     replicas = v["replicas"] or 1
     backend = v["backend"] or "local"
     pool = None if replicas == 1 and backend == "local" else {"replicas": replicas, "backend": backend}

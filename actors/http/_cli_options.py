@@ -348,6 +348,9 @@ _OPTIONS = (
     _Option("--spec-draft-n-max", "spec_draft_n_max", "draft tokens per slot per tick at most, "
             "ServerActor's draft_max; how many pay is decided per tick (llama-server's default: 3; "
             "ours: 16)", _integer(1, 256)),
+    _Option("--spec-draft-n-min", "spec_draft_n_min", "a slot verifies a draft of at least N tokens "
+            "or none: a shorter one (the drafter had no more, or fewer paid) is not used, "
+            "ServerActor's draft_min; at most --spec-draft-n-max (default: 0)", _integer(0, 256)),
     _Option("--spec-draft-model", "spec_draft_model", "the draft model for draft-simple: a smaller "
             "GGUF with the model's vocabulary, draft_model_path (default: unused)", str, "FNAME"),
     _Option("--spec-draft-p-min", "spec_draft_p_min", "a draft model's draft stops at a token it is "

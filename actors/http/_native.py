@@ -172,7 +172,8 @@ def final_json(
         "generation_settings": generation_settings(service, options, stream),
         "prompt": prompt,
         "has_new_line": "\n" in completion.text,
-        "truncated": False,
+        # llama-server's: tokens of the context were dropped (a shift), or it ran out.
+        "truncated": completion.context_shifts > 0 or completion.stop_reason == "length",
         "stop_type": stop_type(completion),
         "stopping_word": completion.stop_string or "",
         "tokens_cached": completion.prompt_tokens + completion.generated_tokens,

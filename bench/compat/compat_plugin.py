@@ -7,6 +7,11 @@ It does these things, all outside the suite's tests themselves:
   a router) only to fill the download cache; with the wrapper there is nothing to
   download, and a server that rejects a preset's flag (``--embedding``, say) would
   otherwise fail the whole session instead of the tests that use that preset.
+- It maps the files the suite downloads with ``utils.download_file(url)`` to local
+  files (``DOWNLOADS``, by the URL's file name): ``test_speculative.py``'s draft model
+  ``stories15M-q4_0.gguf`` becomes ``$COMPAT_MODEL``, the default model, the model its
+  main model is mapped to as well (so a draft with the same vocabulary). Any other URL
+  goes to the suite's own ``download_file``, which fails without a network.
 - It writes each test's outcome, by node id, to the JSON file ``$COMPAT_OUTCOMES``:
   ``{"node id": {"outcome": "passed|failed|error|skipped", "message": "..."}}``, where
   ``error`` is a failure in setup or teardown and ``message`` the first line of the
@@ -28,12 +33,34 @@ import pytest
 
 _outcomes: dict[str, dict[str, Any]] = {}
 
+# The suite's downloads, by the URL's last path component: the environment variable
+# naming the local file that stands for it.
+DOWNLOADS: dict[str, str] = {
+    "stories15M-q4_0.gguf": "COMPAT_MODEL",  # test_speculative.py's draft model
+}
+
+
+def local_file(url: str) -> str | None:
+    """The local file that stands for the download ``url``, if ``DOWNLOADS`` maps it."""
+    variable = DOWNLOADS.get(url.rpartition("/")[2])
+    if variable is None:
+        return None
+    return os.environ.get(variable) or None
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    # The suite's conftest.py has imported ``utils`` (its directory is on sys.path).
+    # The suite's conftest.py has imported ``utils`` (its directory is on sys.path); the
+    # test modules, collected after this, take ``download_file`` with ``from utils import *``.
     import utils  # type: ignore[import-not-found]
 
     utils.ServerPreset.load_all = staticmethod(lambda: None)
+    download = utils.download_file
+
+    def download_file(url: str, output_file_path: str | None = None) -> str:
+        path = local_file(url)
+        return path if path is not None else download(url, output_file_path)
+
+    utils.download_file = download_file
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

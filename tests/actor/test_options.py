@@ -122,6 +122,11 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"context_shift": 0}, "context_shift"),
     ({"cache_idle_slots": 1}, "cache_idle_slots"),
     ({"cache_idle_slots": "no"}, "cache_idle_slots"),
+    ({"spec_type": "ngram", "draft_min": -1}, "draft_min"),
+    ({"spec_type": "ngram", "draft_min": 2.0}, "draft_min"),
+    ({"spec_type": "ngram", "draft_min": True}, "draft_min"),
+    ({"spec_type": "ngram", "draft_max": 4, "draft_min": 5}, "at most draft_max"),
+    ({"draft_min": 2}, "draft_min is for speculative decoding"),  # never silently ignored
     ({"batch_strategy": "fast"}, "BatchStrategy"),
     ({"batch_strategy": DecodeMaximal}, "BatchStrategy"),  # the class, not an instance
     ({"prompt_cache_ram_mb": -1}, "prompt_cache_ram_mb"),

@@ -16,6 +16,7 @@ from typing import Any
 import pykka
 import pytest
 from fake_backend import EOG, FakeBackend, solo
+from speculation import AllDrafts
 
 from actors.contract import (
     Completion,
@@ -29,7 +30,7 @@ from actors.contract import (
     Token,
 )
 from actors.engine import Engine, EngineConfig, courier, prepare
-from strategies import Balanced, BatchPlan, DecodeMaximal, PrefillPriority
+from strategies import Balanced, BatchPlan, DecodeCost, DecodeMaximal, PrefillPriority
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -256,6 +257,24 @@ def test_concurrent_requests_on_one_prefix_share_its_cells() -> None:
     assert backend.kv.copies > 0
 
 
+def test_a_completion_counts_the_context_shifts_it_needed() -> None:
+    p = prompt(3, 20)
+    for shift in (True, False):
+        e = engine(FakeBackend(n_ctx=128), context_shift=shift)  # 32 positions a slot
+        future = submit(e, p, max_tokens=40)
+        run(e)
+        got = result(future)
+        if shift:  # 20 + 40 tokens through 32 positions: at least one shift, counted
+            assert got.generated_tokens == 40 and got.stop_reason == "max_tokens"
+            assert got.context_shifts >= 1
+        else:  # the context's end stops it instead
+            assert got.stop_reason == "length" and got.context_shifts == 0
+    e = engine()
+    short = submit(e, p, max_tokens=4)
+    run(e)
+    assert result(short).context_shifts == 0
+
+
 # -- speculation ---------------------------------------------------------------------
 
 
@@ -276,6 +295,51 @@ def test_ngram_speculation_keeps_the_tokens_and_counts_what_it_accepts() -> None
     assert ticks < 40  # accepted drafts: fewer ticks than tokens
     stats = e.stats()
     assert stats["draft_tokens"] == got.draft_tokens and stats["draft_accepted"] == got.draft_accepted
+
+
+def test_draft_min_verifies_a_draft_of_that_many_tokens_or_none() -> None:
+    def repeats(tokens: Sequence[int]) -> Any:  # period 4: every n-gram draft has 4 tokens
+        logits = FakeBackend().model(tokens) * 0
+        logits[1 + len(tokens) % 4] = 10.0
+        return logits
+
+    class UpTo(AllDrafts):  # verifies at most ``k`` draft tokens a slot
+        def __init__(self, k: int) -> None:
+            super().__init__()
+            self.k = k
+
+        def plan_drafts(self, slots: Any, plan: BatchPlan, budget: int, cost: DecodeCost) -> BatchPlan:
+            return super().plan_drafts(slots, plan, min(budget, self.k), cost)
+
+    p = [1, 2, 3, 4, 1, 2, 3, 4]
+
+    def verified(strategy: DecodeMaximal, draft_min: int) -> tuple[Completion, list[int]]:
+        """The completion, and the draft tokens of each tick that verified a draft."""
+        backend = FakeBackend(model=repeats, n_ctx=512)
+        e = engine(backend, spec_type="ngram", draft_max=8, draft_min=draft_min, batch_strategy=strategy)
+        future = submit(e, p, max_tokens=40)
+        runs = []
+        while e.has_work:
+            e.step()
+            if e.state.now.drafts:
+                runs.append(e.state.now.draft_tokens)
+        got = result(future)
+        assert list(got.token_ids) == solo(repeats, p, 40)  # drafts or none, the same tokens
+        return got, runs
+
+    # A draft has 4 tokens, fewer near max_tokens: those go with draft_min 4, and every
+    # draft with 5 (the drafter never has that many).
+    _, runs = verified(AllDrafts(), 0)
+    assert max(runs) == 4 and min(runs) < 4
+    got, runs = verified(AllDrafts(), 4)
+    assert got.draft_accepted > 0 and set(runs) == {4}
+    got, runs = verified(AllDrafts(), 5)
+    assert got.draft_tokens == 0 and not runs
+    # A strategy that verifies 2 of them: verified with draft_min 2, never with 3.
+    got, runs = verified(UpTo(2), 2)
+    assert got.draft_accepted > 0 and set(runs) == {2}
+    got, runs = verified(UpTo(2), 3)
+    assert got.draft_tokens == 0 and not runs
 
 
 def test_a_strategy_that_plans_a_slot_twice_fails_the_batch_not_the_engine() -> None:

@@ -8,6 +8,7 @@ tests; the ones that need other settings start their own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -300,6 +301,22 @@ def test_native_completion_fields(running: Running) -> None:
         running.url + "/completion", json={"prompt": "Hi", "n_predict": 2, "ignore_eos": True}, timeout=60
     ).json()["generation_settings"]["logit_bias"]
     assert banned and all(entry["bias"] is None for entry in banned)  # -inf, as llama-server writes it
+
+
+def test_native_truncated_says_the_context_was_shifted_or_ran_out(model_path: str) -> None:
+    def start(shift: bool) -> Any:  # 256: the smallest context llama.cpp makes
+        return ServerActor.start(model_path=model_path, n_parallel=1, n_ctx=256, context_shift=shift)
+
+    request = {"prompt": "Hello " * 240, "n_predict": 40, "ignore_eos": True, "temperature": 0}
+    for shift in (True, False):
+        with Running.ready(HttpSettings(), functools.partial(start, shift)) as server:
+            body = httpx.post(server.url + "/completion", json=request, timeout=60).json()
+            # 240 prompt tokens or so and 40 more through 256 positions: shifted, or stopped
+            assert body["generation_settings"]["n_ctx"] == 256 and body["tokens_evaluated"] > 216
+            assert body["tokens_predicted"] == 40 if shift else body["tokens_predicted"] < 40
+            assert body["stop_type"] == "limit" and body["truncated"] is True
+            short = httpx.post(server.url + "/completion", json={**request, "n_predict": 4}, timeout=60)
+            assert short.json()["truncated"] is False
 
 
 def test_infill_on_a_model_without_fim_tokens_is_llama_servers_501(running: Running) -> None:

@@ -42,7 +42,8 @@ SUPPORTED = (
     "--cors-headers", "--cors-credentials", "--no-cors-credentials", "-rea", "--reasoning",
     "--reasoning-format", "--reasoning-budget", "--reasoning-budget-message",
     "--chat-template-kwargs", "--chat-template", "--chat-template-file", "-v", "--verbose", "--log-verbose",
-    "-lv", "--verbosity", "--log-verbosity", "--spec-type", "--spec-draft-n-max", "--spec-draft-model",
+    "-lv", "--verbosity", "--log-verbosity", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
+    "--spec-draft-model",
     "-md", "--model-draft", "--spec-draft-p-min", "--draft-p-min", "--pooling",
     "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
     "-h", "--help", "--usage", "--version", "--log-disable", "--log-file", "--log-jsonl", "--no-log-jsonl",
@@ -648,6 +649,28 @@ def test_speculative_decoding_flags(capsys: CapSys) -> None:
             options(*argv, "--spec-draft-p-min", "0.5")
     off = options("--spec-type", "none", "-md", "small.gguf", "--spec-draft-p-min", "0.5")
     assert "draft_p_min" not in off and "draft_model_path" not in off
+
+
+def test_spec_draft_n_min_is_a_floor_under_each_verified_draft(capsys: CapSys) -> None:
+    for argv in (["--spec-type", "ngram-simple"], ["-md", "small.gguf"]):
+        got = options(*argv, "--spec-draft-n-min", "4", "--spec-draft-n-max", "8")
+        assert (got["draft_min"], got["draft_max"]) == (4, 8)
+    env = {"LLAMA_ARG_SPEC_DRAFT_N_MIN": "3"}
+    assert options("--spec-type", "ngram-simple", env=env)["draft_min"] == 3
+    # llama-server takes it without speculation (its own test suite does): a note says
+    # it changes nothing; --spec-type none turns it off as every draft option.
+    quiet = plan("-c", "64", "--spec-draft-n-min", "4")
+    assert "draft_min" not in quiet.server_options
+    assert quiet.notes == (
+        "--spec-draft-n-min has no effect without speculative decoding (--spec-type or -md)",
+    )
+    assert "draft_min" not in options("--spec-type", "none", "--spec-draft-n-min", "4")
+    for bad in ("-1", "257", "two"):
+        assert "--spec-draft-n-min" in refusal(capsys, "-c", "64", "--spec-draft-n-min", bad)
+    # Over --spec-draft-n-max no draft could ever be verified: refused before the model loads.
+    argv = ("-c", "64", "--spec-type", "ngram-simple", "--spec-draft-n-min", "9", "--spec-draft-n-max", "8")
+    with pytest.raises(ConfigError, match="at most draft_max"):
+        plan(*argv).start_engine()
 
 
 def test_reasoning_format_and_budget_flags_set_the_chat_defaults() -> None:
