@@ -411,7 +411,10 @@ def test_precedence_command_line_then_section_then_globals(tmp_path: Path, tiny_
     ("section", "message"),
     [
         ("foo = 1", r"\[a\] line 3: foo: not a llama-server flag"),
-        ("lora = x.gguf", r"\[a\]: --lora is a llama-server flag that llama-cpp-actors does not support"),
+        (
+            "control-vector = x.gguf",
+            r"\[a\]: --control-vector is a llama-server flag that llama-cpp-actors does not support",
+        ),
         ("c = big", r"\[a\]: argument -c/--ctx-size: 'big' is not an integer"),
         ("np = 0", r"\[a\]: argument -np/--parallel: 0 is out of range"),
         ("port = 9000", r"\[a\] line 3: port: --port is the router's"),
