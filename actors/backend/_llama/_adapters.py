@@ -2,8 +2,8 @@
 
 llama.cpp applies a set of adapters to the whole context (``llama_set_adapters_lora``):
 every sequence in the next ``llama_decode`` runs with it. A change of set makes that
-decode re-reserve the compute graph (about 15 ms on a 2-core AMD EPYC with SmolLM2-135M,
-the time of a one-token decode), so the engine serves one set for a few ticks in a row
+decode re-reserve the compute graph (14-17 ms on a busy 2-core AMD EPYC with
+SmolLM2-135M, about the time of a one-token decode), so the engine serves one set for a few ticks in a row
 (``strategies.fair_adapters``). Engine thread only.
 """
 
