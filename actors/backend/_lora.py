@@ -134,7 +134,8 @@ def resolve_lora(
                     f"lora names adapter {key!r}, which the server does not have (it has {have})"
                 )
             scales[index] = scale
-    return tuple((i, float(np.float32(s))) for i, s in enumerate(scales) if float(np.float32(s)) != 0.0)
+    as_llama = [float(np.float32(s)) for s in scales]  # the float32 llama.cpp gets
+    return tuple((i, s) for i, s in enumerate(as_llama) if s != 0.0)
 
 
 def default_scales(loaded: Sequence[LoraAdapter], lora: Mapping[int | str, float]) -> tuple[float, ...]:
