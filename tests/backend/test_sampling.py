@@ -461,6 +461,34 @@ def test_json_schema_output_is_valid_under_the_schema(
     assert document["color"] in ("red", "green", "blue") and type(document["n"]) is int
 
 
+CODE = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
+DOTS = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "pattern": "^a.*$"}},
+    "required": ["code"],
+}
+
+
+@pytest.mark.parametrize("schema", [CODE, DOTS], ids=["string", "pattern"])
+def test_a_json_schema_string_never_holds_a_raw_control_character(
+    engine: pykka.ActorRef[Any], tokenizer: Tokenizer, schema: dict[str, Any]
+) -> None:
+    # Every token with a control character in it pushed far above the rest: a string
+    # rule that admits one (llama-cpp-python's converter does) lets the model write a
+    # raw newline inside the string, and the document is not JSON.
+    control = {
+        t: 100.0
+        for t in range(tokenizer.n_vocab)
+        if any(b < 0x20 or b == 0x7F for b in tokenizer.token_bytes(t)) and t not in tokenizer.eog_token_ids
+    }
+    assert len(control) > 10
+    completion = run(
+        engine, "Python code that prints pi:", max_tokens=24, temp=0, json_schema=schema, logit_bias=control
+    )
+    assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in completion.text), completion.text
+    assert completion.text.startswith('{"code"')
+
+
 @pytest.mark.parametrize(
     "penalty",
     [{"penalty_present": 50.0}, {"penalty_freq": 50.0}, {"penalty_repeat": 3.0}],

@@ -241,14 +241,8 @@ CODE = {  # a free string, no maxLength: the 135M model writes on and on inside 
 @pytest.mark.parametrize("fmt", ["generic", "hermes", "llama3", "mistral"])
 @pytest.mark.parametrize("max_tokens", [40, 80])
 def test_a_constrained_call_near_max_tokens_is_closed_so_it_parses(
-    servers: Callable[[str], Any], fmt: str, max_tokens: int, request: pytest.FixtureRequest
+    servers: Callable[[str], Any], fmt: str, max_tokens: int
 ) -> None:
-    if (fmt, max_tokens) == ("generic", 80):
-        # Found 2026-12-04 on an AMD EPYC (it passes on the Xeons seen): the model's
-        # greedy path there writes raw newlines inside the "code" string and the call is
-        # never closed (text, no tool call). Present before issue 34 (1544145 fails the
-        # same way); an open bug, not an accepted behaviour: see the issue 34 note.
-        request.applymarker(pytest.mark.xfail(reason="open bug: call not closed on some CPUs", strict=False))
     # Unclosed, the call would end cut off at max_tokens, its arguments not JSON.
     ask = [{"role": "user", "content": "Write a long Python program that prints the digits of pi."}]
     for parallel in (False, True):

@@ -798,6 +798,20 @@ def test_ordinary_schemas_convert_to_accepted_grammars(name: str, convert: Calla
     check_grammar(grammar)
 
 
+def test_a_converted_string_admits_no_raw_control_character(convert: Callable[[Any], str]) -> None:
+    # llama-cpp-python's converter writes `char ::= [^"\\] | ...` and `dot ::= [^\x0A\x0D]`
+    # (raw control characters inside a JSON string); ours narrows both. Should the
+    # converter's text change, this fails before a model writes a raw newline.
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string"}, "p": {"type": "string", "pattern": "^a.b$"}},
+        "additionalProperties": {"type": "string"},
+    }
+    rules = dict(line.split(" ::= ", 1) for line in convert(schema).splitlines())
+    assert rules["char"].startswith(r'[^"\\\x7F\x00-\x1F] | "\\" ')
+    assert rules["dot"] == r'[^"\\\x7F\x00-\x1F]'
+
+
 def _nested(depth: int) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "string"}
     for _ in range(depth):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,7 @@ from actors.backend._llama._vocab import LlamaVocab
 from actors.backend._protocol import Triggers
 from actors.contract import InvalidRequest, SamplingParams
 
-__all__ = ["LlamaSampling", "SamplerChain"]
+__all__ = ["LlamaSampling", "SamplerChain", "json_strings_only"]
 
 
 class LlamaSampling:
@@ -328,11 +329,33 @@ class LlamaSampling:
 
     @staticmethod
     def json_schema_grammar(schema: object) -> str:
-        """A GBNF grammar that admits exactly the JSON documents valid under ``schema``."""
+        """A GBNF grammar that admits only JSON documents valid under ``schema``.
+
+        llama-cpp-python's converter lets a string hold raw control characters (its
+        ``char`` rule is any character but a quote or backslash, and a pattern's ``.``
+        any but a line break), which is not JSON: a model then writes a raw newline
+        inside a string and the document does not parse. :func:`json_strings_only`
+        narrows both rules to what JSON allows unescaped, as llama.cpp's own converter
+        does. Any thread.
+        """
         try:
-            return str(json_schema_to_gbnf(json.dumps(schema)))
+            grammar = str(json_schema_to_gbnf(json.dumps(schema)))
         except Exception as e:
             raise InvalidRequest(f"json_schema cannot be converted to a grammar: {e!r}") from None
+        return json_strings_only(grammar)
+
+
+_JSON_UNESCAPED = r'[^"\\\x7F\x00-\x1F]'
+"""GBNF for the characters JSON allows unescaped in a string."""
+_LOOSE_RULES = re.compile(r'^(char ::= )\[\^"\\\\\](?= \|)|^(dot ::= )\[\^\\x0A\\x0D\]$', re.M)
+"""The converter's ``char`` and ``dot`` rules, up to the end of their loose class."""
+
+
+def json_strings_only(grammar: str) -> str:
+    """``grammar`` (llama-cpp-python's conversion of a JSON Schema) with its ``char``
+    and ``dot`` rules admitting only what JSON allows unescaped in a string: no quote,
+    backslash or control character. Any thread."""
+    return _LOOSE_RULES.sub(lambda m: (m.group(1) or m.group(2)) + _JSON_UNESCAPED, grammar)
 
 
 class SamplerChain:
