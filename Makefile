@@ -45,8 +45,10 @@ install: $(STAMP)
 demo: install
 	$(PY) examples/generate.py
 
+# The suite runs on every core (pytest-xdist): a test file stays on one worker, the Ray
+# tests share one (tests/conftest.py); most tests' engines decode on one thread.
 test: install lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $$(nproc) --dist loadgroup
 
 # The tests that need no model, no child process and no Ray (the engine on a scripted
 # backend, the chat formats, the plans, caches and parsers), in under a minute; a test

@@ -20,10 +20,26 @@ import pytest
 from actors import ServerActor, default_model_path
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "model_path" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.model)
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+
+
+def _worker_group(item: pytest.Item) -> str:
+    """The tests that share one pytest-xdist worker under ``make test`` (``--dist
+    loadgroup``): a file's tests, so its module fixtures (servers, models) start once;
+    the Ray tests, one local cluster at a time; the hostile cases, whose runner starts
+    the children of every selected case at the first one's request (``hostile_runner``).
+    """
+    path = item.nodeid.split("::")[0]
+    if item.get_closest_marker("ray"):
+        return "ray"
+    if path.startswith("tests/hostile/"):
+        return "hostile"
+    return path
 
 
 @pytest.fixture(scope="session")

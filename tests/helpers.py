@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import functools
+import os
 import queue
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,13 +30,28 @@ NO_EOG = {0: float("-inf"), 2: float("-inf"), 4: float("-inf")}
 MARGIN = 0.25
 
 
+@functools.cache
 def cpu_floor() -> float:
-    """This CPU's measured floor (raw llama.cpp, flash attention on; cached)."""
+    """This CPU's measured floor (raw llama.cpp, flash attention on; cached).
+
+    Under pytest-xdist (``make test``) the first worker to ask measures it and the
+    others read its file, under a lock: one measurement a run, not one a worker.
+    """
     from raw_llama import floor
 
     from actors import default_model_path
 
-    return floor(default_model_path())
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return floor(default_model_path())
+    cache = Path(tempfile.gettempdir()) / f"llama-cpp-actors-floor-{run}"
+    with open(f"{cache}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cache.exists():
+            return float(cache.read_text())
+        value = floor(default_model_path())
+        cache.write_text(repr(value))
+        return value
 
 
 SIGNALS = {

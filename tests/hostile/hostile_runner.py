@@ -149,10 +149,13 @@ def results(group: str) -> dict[str, list[str]]:
     """Every case of ``group`` run in children: its problems (empty when it passed).
 
     The first call starts the children of every selected group, two at a time (most
-    cases wait on a stream or a timer more than they compute).
+    cases wait on a stream or a timer more than they compute), or one at a time under
+    pytest-xdist (``make test``), whose other worker has the other core: three busy
+    processes on two cores put a child's case past ``CASE_TIMEOUT_S``.
     """
     if not _futures:
-        executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hostile-children")
+        workers = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hostile-children")
         for name in [group, *(g for g in _selected if g != group)]:
             _futures[name] = [executor.submit(_run_cases, batch) for batch in _batches(name)]
         executor.shutdown(wait=False)
