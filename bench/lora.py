@@ -238,8 +238,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tenants", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--quanta", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--requests", type=int, default=2, help="requests per client")
+    parser.add_argument("--quanta", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--requests", type=int, default=3, help="requests per client")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from strategies import DecodeMaximal
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 # Each script is a child python on the default model.
@@ -183,5 +185,11 @@ def test_decisions(tmp_path: Path) -> None:
 @pytest.mark.bench_smoke
 @pytest.mark.timeout(450)
 def test_lora(tmp_path: Path) -> None:
-    out = run("lora.py", tmp_path, "--tenants", "2", "--quanta", "2", "--requests", "1", "--max-tokens", "4")
-    assert "2 tenants, quantum 2 (default)" in out and "switch costs" in (tmp_path / "lora.md").read_text()
+    quantum = str(DecodeMaximal.adapter_quantum)
+    out = run(
+        "lora.py", tmp_path, "--tenants", "2", "--quanta", quantum, "--requests", "1", "--max-tokens", "4"
+    )
+    assert (
+        f"2 tenants, quantum {quantum} (default)" in out
+        and "switch costs" in (tmp_path / "lora.md").read_text()
+    )
