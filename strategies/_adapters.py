@@ -3,8 +3,9 @@
 llama.cpp applies one adapter set to the whole context (``llama_set_adapters_lora``),
 so one ``llama_decode`` serves only the slots of one set; the others wait for a tick of
 their own. Switching sets is not free: the next decode re-reserves llama.cpp's compute
-graph (14-17 ms on a busy 2-core AMD EPYC with SmolLM2-135M, about the time of a
-one-token decode), so a set keeps the batch for ``quantum`` ticks in a row while it has work.
+graph (8-11 ms on a quiet 2-core AMD EPYC with SmolLM2-135M, where a one-row decode
+takes 13-17 ms: ``bench/lora.py``), so a set keeps the batch for ``quantum`` ticks in a
+row while it has work.
 
 The rule (:func:`fair_adapters`), pure like every strategy:
 

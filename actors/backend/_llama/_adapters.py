@@ -2,9 +2,9 @@
 
 llama.cpp applies a set of adapters to the whole context (``llama_set_adapters_lora``):
 every sequence in the next ``llama_decode`` runs with it. A change of set makes that
-decode re-reserve the compute graph (14-17 ms on a busy 2-core AMD EPYC with
-SmolLM2-135M, about the time of a one-token decode), so the engine serves one set for a few ticks in a row
-(``strategies.fair_adapters``). Engine thread only.
+decode re-reserve the compute graph (8-11 ms on a quiet 2-core AMD EPYC with
+SmolLM2-135M, where a one-row decode takes 13-17 ms: ``bench/lora.py``), so the engine
+serves one set for a few ticks in a row (``strategies.fair_adapters``). Engine thread only.
 """
 
 from __future__ import annotations
