@@ -486,7 +486,8 @@ def test_a_json_schema_string_never_holds_a_raw_control_character(
         engine, "Python code that prints pi:", max_tokens=24, temp=0, json_schema=schema, logit_bias=control
     )
     assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in completion.text), completion.text
-    assert completion.text.startswith('{"code"')
+    # The grammar's object (its spaces optional: the model's choice on each CPU).
+    assert re.match(r'\{ ?"code" ?: ?"', completion.text), completion.text
 
 
 @pytest.mark.parametrize(
